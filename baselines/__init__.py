@@ -1,0 +1,1 @@
+"""Decoding strategies, one per module, each implementing `harness.api.Decoder`."""

@@ -1,0 +1,217 @@
+"""Contracts shared by every package: prompts, sampling parameters, conditions, models, decoders,
+decode statistics and evaluator results.
+
+Everything the three packages exchange is defined here; `harness` reaches `baselines` and
+`evaluators` only through Hydra `_target_` strings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+METRIC_COLUMNS = ("metric", "subset", "value", "stderr", "n", "higher_is_better")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prompt:
+    """One benchmark prompt. `id` is stable across runs (e.g. "geneval/00042")."""
+
+    id: str
+    text: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """How logits become a distribution. p is always: CFG-mixed logits -> temperature -> top-k ->
+    top-p. `temperature == 0` means greedy (argmax)."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    cfg_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"sampling.top_k must be >= 1 or null (no top-k), got {self.top_k}")
+        if self.cfg_scale < 0:
+            raise ValueError(f"sampling.cfg_scale must be >= 0, got {self.cfg_scale}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@runtime_checkable
+class Condition(Protocol):
+    """Opaque, batched text condition produced by `ModelBundle.condition` and consumed by the
+    `prefill` of every model of the same bundle (target and drafters share it)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def with_null(self) -> "Condition":
+        """[B] -> [2B]: the conditional rows followed by the same rows made unconditional (CFG)."""
+        ...
+
+    def select(self, index: Tensor) -> "Condition":
+        """Rows `index` [B'] of the batch."""
+        ...
+
+
+@runtime_checkable
+class ARImageModel(Protocol):
+    """An autoregressive model over a `rows x cols` grid of codebook tokens in raster order, with a
+    static, position-indexed KV cache.
+
+    Image position `i` (0 <= i < rows*cols) is the raster index of a token. `forward` writes the
+    keys/values of `tokens` at `positions` and returns, for each input, the logits of the token at
+    raster position `position + 1`; `prefill` returns the logits of position 0. Rollback is an
+    overwrite: re-running `forward` at a position replaces its cache entry. With `mask=None` a query
+    at position i sees the prefix and every cache entry at positions <= i (whatever they hold);
+    an explicit boolean `mask` [B, T, S] (S = `cache_len`, True = attend) overrides that.
+    """
+
+    grid: tuple[int, int]
+    vocab_size: int
+
+    @property
+    def codebook(self) -> Tensor:
+        """Codebook embedding vectors [V, D] of the tokenizer (for neighbour tables)."""
+        ...
+
+    @property
+    def cache_len(self) -> int:
+        """Number of cache slots S = prefix length + rows*cols."""
+        ...
+
+    def setup_cache(self, batch_size: int) -> None: ...
+
+    def prefill(self, cond: Condition) -> Tensor:
+        """Write the condition prefix into the cache; return logits [B, V] for position 0."""
+        ...
+
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens [B, T] at image positions [T] or [B, T] -> logits [B, T, V] for positions + 1."""
+        ...
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        """tokens [B, rows*cols] int64 -> images [B, 3, H, W] uint8."""
+        ...
+
+    def encode(self, images: Tensor) -> Tensor:
+        """images [B, 3, H, W] uint8 -> tokens [B, rows*cols] int64 at this model's grid."""
+        ...
+
+
+@dataclass(slots=True, kw_only=True)
+class ModelBundle:
+    """What a `model=` config instantiates: the target, optional drafters, and the conditioner.
+
+    `drafter` is the same-family model at lower resolution (MuLo-SD); `small_drafter` is a small
+    model at the target's resolution (draft-model SD, LANTERN)."""
+
+    name: str
+    target: ARImageModel
+    conditioner: Any  # callable: Sequence[str] -> Condition
+    drafter: ARImageModel | None = None
+    small_drafter: ARImageModel | None = None
+
+    def condition(self, prompts: Sequence[str]) -> Condition:
+        return self.conditioner(prompts)
+
+    def to(self, device: torch.device | str) -> "ModelBundle":
+        for m in (self.target, self.drafter, self.small_drafter, self.conditioner):
+            if m is not None and hasattr(m, "to"):
+                m.to(device)
+        return self
+
+
+@dataclass(slots=True, kw_only=True)
+class DecodeStats:
+    """Per-image decoding statistics. Counters are per image (a batched forward counts once for
+    every image in the batch)."""
+
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    resampled: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+    rejection_map: Tensor | None = None  # [rows, cols] int64: rejections per position
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_row(self) -> dict[str, Any]:
+        """Flat scalar columns for stats.csv (the histogram is written as a space-separated list)."""
+        row: dict[str, Any] = {
+            "target_forwards": self.target_forwards,
+            "drafter_forwards": self.drafter_forwards,
+            "tokens": self.tokens,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "resampled": self.resampled,
+            "accepted_per_step": " ".join(map(str, self.accepted_per_step)),
+            "rejection_map": (
+                "" if self.rejection_map is None
+                else " ".join(map(str, self.rejection_map.flatten().tolist()))
+            ),
+        }
+        row.update(self.extra)
+        return row
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation:
+    """A decoder's output for one batch: tokens [B, N] in raster order and one stats per image."""
+
+    tokens: Tensor
+    stats: list[DecodeStats]
+
+
+class Decoder(Protocol):
+    """Pure function of (models, condition, sampling, per-image seeds); never times, prints or
+    touches global RNG."""
+
+    name: str
+
+    def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalResult:
+    """`summary` has METRIC_COLUMNS, one row per (metric, subset); `per_sample` has sample_id."""
+
+    summary: pd.DataFrame
+    per_sample: pd.DataFrame | None = None
+
+    def __post_init__(self) -> None:
+        missing = [c for c in METRIC_COLUMNS if c not in self.summary.columns]
+        if missing:
+            raise ValueError(f"EvalResult.summary lacks columns {missing}")
+
+
+class Evaluator(Protocol):
+    name: str
+    version: str
+
+    def evaluate(self, samples: Any) -> EvalResult:  # samples: harness.samples.SampleSet
+        ...
+
+
+def metric_rows(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Build a summary frame from dicts with (a subset of) METRIC_COLUMNS; fills defaults."""
+    frame = pd.DataFrame(list(rows))
+    defaults = {"subset": "all", "stderr": float("nan"), "n": 0, "higher_is_better": True}
+    for col, val in defaults.items():
+        if col not in frame.columns:
+            frame[col] = val
+    return frame[list(METRIC_COLUMNS)]

@@ -1,0 +1,310 @@
+"""A LlamaGen-style decoder-only transformer with a static, position-indexed KV cache.
+
+Parameter names and shapes follow LlamaGen's `autoregressive/models/gpt.py` (`tok_embeddings`,
+`layers.{i}.attention.wqkv`, `layers.{i}.feed_forward.w1/w2/w3`, `cls_embedding.cap_proj.fc1/fc2`,
+`cls_embedding.uncond_embedding`, `norm`, `output`) so that official checkpoints load strictly.
+
+Sequence layout (cache slots): `prefix_len` condition slots, then one slot per image token:
+image raster position i lives in slot `prefix_len + i`. The output at slot s predicts the token of
+the next slot, so the last prefix slot predicts image position 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from harness.models.condition import TextCondition
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Architecture of one GPT. `grid` is (rows, cols) of image tokens."""
+
+    vocab_size: int
+    grid: tuple[int, int]
+    dim: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None
+    multiple_of: int = 64
+    ffn_dim_multiplier: float | None = None
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    pos_embed: str = "rope2d"  # "rope2d" (LlamaGen) or "learned" (absolute, Tar AR-DTok)
+    prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
+    caption_dim: int = 64  # width of the condition features fed to cls_embedding
+    word_vocab: int = 0  # > 0: the model owns a word embedding (captions given as word ids)
+    dropout: float = 0.0
+    cond_dropout: float = 0.1  # probability of the unconditional embedding in training (CFG)
+
+    def __post_init__(self) -> None:
+        if self.pos_embed not in ("rope2d", "learned"):
+            raise ValueError(f"pos_embed must be 'rope2d' or 'learned', got {self.pos_embed!r}")
+        if self.dim % self.n_head:
+            raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
+
+    @property
+    def n_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+
+def _find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - n % k
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+class MLP(nn.Module):
+    """Caption projection: fc1 -> GELU(tanh) -> fc2, no biases."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=False)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, out_features, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class CaptionEmbedder(nn.Module):
+    """Condition features [B, P, caption_dim] -> prefix embeddings [B, P, dim]; rows flagged null
+    use the learned unconditional embedding instead (classifier-free guidance)."""
+
+    def __init__(self, caption_dim: int, dim: int, prefix_len: int) -> None:
+        super().__init__()
+        self.cap_proj = MLP(caption_dim, dim, dim)
+        self.register_buffer("uncond_embedding", torch.randn(prefix_len, caption_dim) / caption_dim**0.5)
+
+    def forward(self, features: Tensor, null: Tensor) -> Tensor:
+        feats = torch.where(null[:, None, None], self.uncond_embedding.to(features.dtype), features)
+        return self.cap_proj(feats)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        hidden = int(2 * 4 * cfg.dim / 3)
+        if cfg.ffn_dim_multiplier is not None:
+            hidden = int(cfg.ffn_dim_multiplier * hidden)
+        hidden = _find_multiple(hidden, cfg.multiple_of)
+        self.w1 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.w3 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, cfg.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len: int) -> Tensor:
+    """Rotation table [prefix_len + rows*cols, head_dim/2, 2] (cos, sin). Half the rotary pairs
+    encode the row, half the column (LlamaGen's layout); prefix slots get no rotation."""
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # [half/2]
+    rows = torch.outer(torch.arange(grid[0]).float(), freqs)  # [R, half/2]
+    cols = torch.outer(torch.arange(grid[1]).float(), freqs)  # [C, half/2]
+    angles = torch.cat(
+        [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
+    ).flatten(0, 1)  # [R*C, half]
+    table = torch.stack([angles.cos(), angles.sin()], dim=-1)
+    prefix = torch.stack([torch.ones(prefix_len, half), torch.zeros(prefix_len, half)], dim=-1)
+    return torch.cat([prefix, table])
+
+
+def apply_rope(x: Tensor, table: Tensor) -> Tensor:
+    """x [B, T, H, hd], table [B, T, hd/2, 2] -> x rotated pairwise (x0, x1) by (cos, sin)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
+    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1)
+    return out.flatten(3).type_as(x)
+
+
+class KVCache(nn.Module):
+    """Static cache [B, H_kv, S, hd]; `write` puts keys/values at per-row slots [B, T]."""
+
+    def __init__(self, batch: int, n_kv_head: int, slots: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        shape = (batch, n_kv_head, slots, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def write(self, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """slots [B, T]; k, v [B, H_kv, T, hd]. Returns the full caches (views, not copies)."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(slots)
+        # Index the slot axis through a transposed view so each batch row writes its own slots.
+        self.k_cache.transpose(1, 2)[rows, slots] = k.transpose(1, 2).to(self.k_cache.dtype)
+        self.v_cache.transpose(1, 2)[rows, slots] = v.transpose(1, 2).to(self.v_cache.dtype)
+        return self.k_cache, self.v_cache
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.n_kv_head = cfg.n_kv_head or cfg.n_head
+        self.head_dim = cfg.head_dim
+        self.wqkv = nn.Linear(cfg.dim, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, slots: Tensor | None) -> Tensor:
+        """x [B, T, dim]; rope [B, T, hd/2, 2] or None; mask [B, 1, T, S] bool or None (causal,
+        no cache); slots [B, T] cache slots to write, or None (training: no cache)."""
+        b, t, _ = x.shape
+        kv = self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
+        q = q.view(b, t, self.n_head, self.head_dim)
+        k = k.view(b, t, self.n_kv_head, self.head_dim)
+        v = v.view(b, t, self.n_kv_head, self.head_dim)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if slots is not None:
+            if self.kv_cache is None:
+                raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
+            k, v = self.kv_cache.write(slots, k, v)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(b, t, -1)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, slots: Tensor | None) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, slots)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class GPT(nn.Module):
+    """Text-conditioned AR transformer over image tokens (training and cached inference)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if cfg.word_vocab > 0:
+            self.word_embeddings = nn.Embedding(cfg.word_vocab, cfg.caption_dim)
+        self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.prefix_len)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.tok_dropout = nn.Dropout(cfg.dropout)
+        if cfg.pos_embed == "learned":
+            self.pos_embedding = nn.Parameter(torch.zeros(cfg.prefix_len + cfg.n_tokens, cfg.dim))
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len)
+        self.register_buffer("rope_table", table, persistent=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+        nn.init.zeros_(self.output.weight)
+
+    # ---------------------------------------------------------------- embeddings
+    @property
+    def slots(self) -> int:
+        return self.cfg.prefix_len + self.cfg.n_tokens
+
+    def prefix_embeddings(self, cond: TextCondition) -> Tensor:
+        """Condition -> prefix embeddings [B, P, dim]."""
+        feats = cond.features if cond.ids is None else self.word_embeddings(cond.ids)
+        if feats.shape[1] != self.cfg.prefix_len:
+            raise ValueError(f"condition has {feats.shape[1]} tokens, the model expects {self.cfg.prefix_len}")
+        return self.cls_embedding(feats, cond.null)
+
+    def _positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Add absolute embeddings or return the rotary table for slots [B, T]."""
+        if self.cfg.pos_embed == "learned":
+            return h + self.pos_embedding[slots].to(h.dtype), None
+        return h, self.rope_table[slots]
+
+    def _head(self, h: Tensor) -> Tensor:
+        return self.output(self.norm(h)).float()
+
+    # ---------------------------------------------------------------- training
+    def forward_train(self, cond: TextCondition, tokens: Tensor) -> Tensor:
+        """Teacher forcing. tokens [B, N] -> logits [B, N, V] where logits[:, i] predicts tokens[:, i]."""
+        b = tokens.shape[0]
+        x = torch.cat([self.prefix_embeddings(cond), self.tok_embeddings(tokens[:, :-1])], dim=1)
+        slots = torch.arange(x.shape[1], device=x.device).expand(b, -1)
+        h, rope = self._positional(self.tok_dropout(x), slots)
+        for layer in self.layers:
+            h = layer(h, rope, None, None)
+        return self._head(h[:, self.cfg.prefix_len - 1:])
+
+    # ---------------------------------------------------------------- cached inference
+    def setup_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> None:
+        """Allocate a zeroed static cache for `batch_size` rows and all `slots`."""
+        p = self.output.weight
+        for layer in self.layers:
+            att = layer.attention
+            att.kv_cache = KVCache(batch_size, att.n_kv_head, self.slots, att.head_dim, dtype or p.dtype, p.device)
+
+    def prefill(self, cond: TextCondition) -> Tensor:
+        """Write the prefix into slots [0, P); return logits [B, V] for image position 0."""
+        x = self.prefix_embeddings(cond)
+        b, p = x.shape[:2]
+        slots = torch.arange(p, device=x.device).expand(b, -1)
+        mask = (slots[:, :, None] >= torch.arange(self.slots, device=x.device)).unsqueeze(1)
+        return self._run(x, slots, mask)[:, -1]
+
+    def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens [B, T] at image positions [T] or [B, T]; mask [B, T, S] bool (True = attend) or
+        None for slot-causal attention. Returns logits [B, T, V] for positions + 1."""
+        b, t = tokens.shape
+        if positions.dim() == 1:
+            positions = positions.expand(b, -1)
+        slots = positions.to(tokens.device) + self.cfg.prefix_len
+        if mask is None:
+            mask = slots[:, :, None] >= torch.arange(self.slots, device=tokens.device)
+        elif mask.shape != (b, t, self.slots):
+            raise ValueError(f"mask must have shape {(b, t, self.slots)}, got {tuple(mask.shape)}")
+        return self._run(self.tok_embeddings(tokens), slots, mask.unsqueeze(1))
+
+    def _run(self, x: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        h, rope = self._positional(x, slots)
+        for layer in self.layers:
+            h = layer(h, rope, mask, slots)
+        return self._head(h)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def causal_mask(positions: Tensor, prefix_len: int, slots: int) -> Tensor:
+    """The default mask as an explicit tensor: positions [B, T] -> [B, T, S] bool."""
+    q = positions + prefix_len
+    return q[:, :, None] >= torch.arange(slots, device=positions.device)
+

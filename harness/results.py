@@ -1,0 +1,223 @@
+"""Merge the summary.csv tables of runs and show them as one Markdown table.
+
+    python -m harness.results results/main results/ablation_pooling
+
+prints decoders as rows and metrics as columns (subset "all").
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from harness.api import METRIC_COLUMNS
+
+SUMMARY_NAME = "summary.csv"
+_BULKY_DIRS = frozenset({"images", "records", ".hydra"})  # never hold a summary; skip the walk
+_MISSING = "-"
+
+
+def find_summaries(paths: Sequence[Path | str]) -> list[Path]:
+    """Return every summary.csv under `paths` (directories, searched recursively, or the files)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"run directory {path} does not exist")
+        if path.is_file():
+            if path.name != SUMMARY_NAME:
+                raise ValueError(f"{path} is not a {SUMMARY_NAME}; pass run directories")
+            found.append(path)
+            continue
+        for folder, subfolders, files in os.walk(path):
+            subfolders[:] = sorted(d for d in subfolders if d not in _BULKY_DIRS)
+            if SUMMARY_NAME in files:
+                found.append(Path(folder) / SUMMARY_NAME)
+    unique = {p.resolve(): p for p in found}  # a file reached through two arguments counts once
+    return list(unique.values())
+
+
+def load(paths: Sequence[Path | str]) -> pd.DataFrame:
+    """Concatenate the summary.csv files under `paths`, adding the `run_dir` each came from.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or no summary.csv is found.
+        ValueError: a summary.csv lacks the METRIC_COLUMNS.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files = find_summaries(paths)
+    if not files:
+        raise FileNotFoundError(
+            f"no {SUMMARY_NAME} found under {', '.join(map(str, paths))}; pass run directories "
+            "written by `python -m harness` (results/<name>/<time>) whose evaluate stage has run"
+        )
+    frames = []
+    for file in files:
+        frame = pd.read_csv(file)
+        missing = [c for c in METRIC_COLUMNS if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{file} is not a summary table: it lacks the columns {missing}")
+        frames.append(frame.assign(run_dir=str(file.parent)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def pivot(
+    df: pd.DataFrame,
+    index: Sequence[str] = ("model", "decoder"),
+    columns: str | Sequence[str] = "metric",
+    values: str = "value",
+    subset: str | None = "all",
+) -> pd.DataFrame:
+    """Return a wide table: one row per `index` key, one column per `columns` key.
+
+    Rows and columns keep the order in which they first appear in `df`. `subset=None` keeps every
+    subset (then pass columns=("metric", "subset")).
+
+    Raises:
+        KeyError: a named column is not in `df`.
+        ValueError: two rows share a cell, e.g. two runs that differ only in a swept key that is
+            not part of `index`.
+    """
+    index, columns = _names(index), _names(columns)
+    keys = index + columns
+    absent = [c for c in [*keys, values] if c not in df.columns]
+    if absent:
+        raise KeyError(f"columns {absent} are not in the results; available: {list(df.columns)}")
+    frame = df if subset is None else df[df["subset"] == subset]
+    if frame.empty:
+        present = sorted(df["subset"].dropna().astype(str).unique()) if "subset" in df else []
+        raise ValueError(f"no result rows for subset {subset!r}; subsets present: {present}")
+    frame = frame.assign(**{c: frame[c].fillna(_MISSING) for c in keys})
+    clashes = frame[frame.duplicated(keys, keep=False)]
+    if not clashes.empty:
+        first = clashes.iloc[0]
+        sources = sorted(set(clashes.get("run_dir", pd.Series(dtype=str)).astype(str)))
+        raise ValueError(
+            f"{len(clashes)} rows share a table cell, e.g. {dict(first[keys])} (runs "
+            f"{sources[:4]}); add the key that tells them apart to index (e.g. a swept key), "
+            "pass columns=('metric', 'subset'), or load only the runs to compare"
+        )
+    wide = frame.pivot(index=index, columns=columns, values=values)
+    return wide.reindex(index=_first_seen(frame, index), columns=_first_seen(frame, columns))
+
+
+def format_table(
+    df: pd.DataFrame,
+    index: Sequence[str] = ("model", "decoder"),
+    columns: str | Sequence[str] = "metric",
+    subset: str | None = "all",
+) -> str:
+    """Return `df` (long, as from `load`) as a compact Markdown table.
+
+    Metric columns are marked with the better direction (up or down arrow) when `df` says it, and
+    each column gets the decimals that show about four significant digits of its largest value.
+    """
+    wide = pivot(df, index=index, columns=columns, subset=subset)
+    # The arrow belongs to the metric, the first column key when columns start with "metric".
+    directions = _directions(df) if _names(columns)[0] == "metric" else {}
+    headers = [
+        *wide.index.names,
+        *(f"{_label(k)} {directions.get(str(_as_tuple(k)[0]), '')}".strip() for k in wide.columns),
+    ]
+    cells = [[str(k) for k in _as_tuple(key)] for key in wide.index]
+    for key in wide.columns:
+        column = pd.to_numeric(wide[key], errors="coerce")
+        decimals = _decimals(column)
+        for row, value in zip(cells, column):
+            row.append(_MISSING if pd.isna(value) else f"{value:.{decimals}f}")
+    return _markdown(headers, cells, numeric_from=len(wide.index.names))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: print the Markdown table of the runs under the given directories."""
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.results",
+        description="Print the summary.csv tables found under run directories as one table.",
+    )
+    parser.add_argument("dirs", nargs="+", type=Path, help="run directories (searched recursively)")
+    parser.add_argument("--index", default="model,decoder", help="comma-separated row keys")
+    parser.add_argument("--subset", default="all", help="which subset to show (default: all)")
+    parser.add_argument("--all-subsets", action="store_true", help="one column per metric+subset")
+    args = parser.parse_args(argv)
+    try:
+        frame = load(args.dirs)
+        if args.all_subsets:
+            table = format_table(frame, args.index.split(","), ("metric", "subset"), subset=None)
+        else:
+            table = format_table(frame, args.index.split(","), subset=args.subset)
+    except (OSError, KeyError, ValueError) as exc:
+        parser.error(exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc))
+    sys.stdout.write(table + "\n")
+    return 0
+
+
+def _names(keys: str | Sequence[str]) -> list[str]:
+    """Column names as a list (a single name may be given as a string)."""
+    return [keys] if isinstance(keys, str) else list(keys)
+
+
+def _first_seen(frame: pd.DataFrame, keys: list[str]) -> pd.Index:
+    """The distinct values of `keys` in `frame`, in order of first appearance."""
+    if len(keys) == 1:
+        return pd.Index(frame[keys[0]].drop_duplicates(), name=keys[0])
+    return pd.MultiIndex.from_frame(frame[keys].drop_duplicates())
+
+
+def _directions(df: pd.DataFrame) -> dict[str, str]:
+    """Arrow per metric: up when higher is better, down when lower is better."""
+    if "higher_is_better" not in df.columns:
+        return {}
+    firsts = df.drop_duplicates("metric").set_index("metric")["higher_is_better"]
+    return {str(m): ("↑" if _truthy(v) else "↓") for m, v in firsts.items() if pd.notna(v)}
+
+
+def _truthy(value: object) -> bool:
+    """Booleans as written to, and read back from, CSV."""
+    return str(value).strip().lower() in {"true", "1", "1.0"}
+
+
+def _as_tuple(key: object) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _label(key: object) -> str:
+    """Column header of a pivoted key: "metric" or "metric/subset"."""
+    return "/".join(str(k) for k in _as_tuple(key))
+
+
+def _decimals(column: pd.Series) -> int:
+    """Decimals for about four significant digits of the column's largest magnitude (0 to 4)."""
+    finite = column[np.isfinite(column)].abs()
+    if finite.empty or finite.max() == 0:
+        return 2
+    if (finite == finite.round()).all() and finite.max() >= 1:
+        return 0
+    return int(min(4, max(0, 3 - math.floor(math.log10(finite.max())))))
+
+
+def _markdown(headers: list[str], rows: list[list[str]], numeric_from: int) -> str:
+    """A padded Markdown table; columns from `numeric_from` on are right-aligned."""
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            cell.rjust(width) if i >= numeric_from else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = [
+        "-" * (width + 1) + ":" if i >= numeric_from else "-" * (width + 2)
+        for i, width in enumerate(widths)
+    ]
+    return "\n".join([line(headers), "|" + "|".join(rule) + "|", *(line(row) for row in rows)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""`model=shapes`: the shipped, trained shapes-world bundle (target 16x16, drafter 8x8, optional
+small drafter at 16x16), one tokenizer and the caption grammar's conditioner."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from harness.api import ModelBundle
+from harness.models.conditioners import WordIdConditioner
+from harness.models.image_model import TokenImageModel
+from harness.shapes.captions import MAX_WORDS, tokenize
+from harness.shapes.vq import load_tokenizer
+from harness.shapes.weights import WEIGHTS_DIR, load_gpt, read_manifest, verified
+
+log = logging.getLogger(__name__)
+
+
+def load(weights_dir: str | Path | None = None, drafter: bool = True, small_drafter: bool = True) -> ModelBundle:
+    """Load the bundle from `weights_dir` (default: the weights shipped in the package), checking
+    every file's sha256 against the manifest."""
+    folder = Path(weights_dir) if weights_dir else WEIGHTS_DIR
+    files = read_manifest(folder)["files"]
+    tokenizer = load_tokenizer(verified("tokenizer.safetensors", folder))
+
+    def model(role: str) -> TokenImageModel:
+        gpt = load_gpt(verified(f"{role}.safetensors", folder))
+        return TokenImageModel(gpt, tokenizer, image_size=gpt.cfg.grid[0] * 4)
+
+    return ModelBundle(
+        name="shapes",
+        target=model("target"),
+        drafter=model("drafter") if drafter and "drafter.safetensors" in files else None,
+        small_drafter=model("small_drafter") if small_drafter and "small_drafter.safetensors" in files else None,
+        conditioner=WordIdConditioner(tokenize, MAX_WORDS),
+    )

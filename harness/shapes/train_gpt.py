@@ -1,0 +1,164 @@
+"""Train one shapes-world GPT (target at 64 px -> 16x16 tokens, drafter at 32 px -> 8x8 tokens)
+on an endless, seeded stream of freshly rendered scenes tokenised by the shared tokenizer.
+
+Resumable: an atomic checkpoint (model, optimiser, step) is written every `ckpt_every` steps and
+picked up on restart. The data of step s depends only on (seed, s), so a resumed run sees exactly
+the batches an uninterrupted run would.
+
+    python -m harness.shapes.train_gpt --role target --tokenizer T.safetensors --out DIR --steps N
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from harness.models.condition import TextCondition
+from harness.models.gpt import GPT, GPTConfig
+from harness.shapes.captions import MAX_WORDS, VOCAB, tokenize
+from harness.shapes.scenes import render, sample_scene
+from harness.shapes.vq import ShapesVQ, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+DOWNSAMPLE = 4
+ROLES = {"target": 64, "drafter": 32}  # image size per role; tokens = size / 4 per side
+
+
+def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int) -> GPTConfig:
+    """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter")."""
+    size = ROLES["target" if role == "small_drafter" else role]
+    grid = size // DOWNSAMPLE
+    return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
+                     prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1)
+
+
+def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
+          cond_dropout: float) -> tuple[TextCondition, torch.Tensor]:
+    """The training batch of `step`: (condition [B], tokens [B, (size/4)^2]), a function of
+    (seed, step) only."""
+    rng = np.random.default_rng([seed, step])
+    scenes = [sample_scene(rng) for _ in range(batch_size)]
+    images = torch.from_numpy(np.stack([render(s, size) for s in scenes])).permute(0, 3, 1, 2)
+    tokens = tokenizer.encode(images).flatten(1)
+    null = torch.from_numpy(rng.random(batch_size) < cond_dropout)
+    return TextCondition(null=null, ids=tokenize([s.caption for s in scenes])), tokens
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of `lr`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _save_ckpt(path: Path, gpt: GPT, opt: torch.optim.Optimizer, step: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": gpt.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, path)
+
+
+def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any]) -> None:
+    """Weights as safetensors with the GPTConfig (and `extra`) in the metadata; atomic."""
+    cfg = asdict(gpt.cfg)
+    state = {k: v.detach().contiguous().cpu() for k, v in gpt.state_dict().items()}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp), metadata={"config": json.dumps(cfg), "extra": json.dumps(extra)})
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: int = 4) -> float:
+    """Mean token cross-entropy on held-out batches (a seed stream disjoint from training)."""
+    gpt.eval()
+    losses = []
+    for i in range(batches):
+        cond, tokens = batch(i, seed + 10_000, size, 32, tokenizer, 0.0)
+        logits = gpt.forward_train(cond, tokens)
+        losses.append(F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).item())
+    gpt.train()
+    return float(np.mean(losses))
+
+
+def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, batch_size: int = 32,
+              lr: float = 2e-3, warmup: int = 100, dim: int = 256, n_layer: int = 4, n_head: int = 4,
+              seed: int = 0, ckpt_every: int = 100, log_every: int = 25, bf16: bool = True) -> dict[str, Any]:
+    """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(tokenizer_path)
+    size = ROLES["target" if role == "small_drafter" else role]
+    torch.manual_seed(seed)
+    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head)).train()
+    decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    ckpt, start = out_dir / f"{role}.ckpt", 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        gpt.load_state_dict(state["model"], strict=True)
+        opt.load_state_dict(state["opt"])
+        start = int(state["step"])
+        log.info("%s: resuming at step %d", role, start)
+    log.info("%s: %.2fM parameters, grid %s", role, gpt.num_params() / 1e6, gpt.cfg.grid)
+    t0, loss_ema = time.perf_counter(), None
+    for step in range(start, steps):
+        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = gpt.forward_train(cond, tokens)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        opt.step()
+        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        if (step + 1) % log_every == 0:
+            rate = (step + 1 - start) / (time.perf_counter() - t0)
+            log.info("%s step %d/%d loss %.4f (ema %.4f) %.2f step/s", role, step + 1, steps, loss.item(), loss_ema, rate)
+        if (step + 1) % ckpt_every == 0 or step + 1 == steps:
+            _save_ckpt(ckpt, gpt, opt, step + 1)
+    metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
+               "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
+               "batch_size": batch_size, "lr": lr, "seed": seed}
+    save_gpt(gpt.eval(), out_dir / f"{role}.safetensors", metrics)
+    log.info("%s done: %s", role, metrics)
+    return metrics
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", choices=["target", "drafter", "small_drafter"], required=True)
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    train_gpt(a.role, a.tokenizer, a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr, dim=a.dim,
+              n_layer=a.n_layer, n_head=a.n_head, seed=a.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The shipped shapes-world weights: a manifest (sha256 of every file, training config, commit,
+final losses) and hash-checked, strict loading."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from harness.models.gpt import GPT, GPTConfig
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+MANIFEST = "manifest.json"
+
+
+class WeightsError(RuntimeError):
+    """A weights file is missing, corrupt or does not match the manifest."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(folder: Path = WEIGHTS_DIR) -> dict[str, Any]:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise WeightsError(f"no {MANIFEST} in {folder}: the shapes weights are not installed; "
+                           "train them with `python -m harness.shapes.recipe --out DIR`")
+    return json.loads(path.read_text())
+
+
+def write_manifest(folder: Path, files: list[str], info: dict[str, Any]) -> dict[str, Any]:
+    """Hash `files` (names inside `folder`) and write the manifest atomically."""
+    manifest = {"files": {n: {"sha256": sha256(folder / n), "bytes": (folder / n).stat().st_size} for n in files},
+                **info}
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+    return manifest
+
+
+def verified(name: str, folder: Path = WEIGHTS_DIR) -> Path:
+    """Path of weights file `name` after checking its sha256 against the manifest."""
+    entry = read_manifest(folder)["files"].get(name)
+    path = folder / name
+    if entry is None:
+        raise WeightsError(f"{path} is not listed in {folder / MANIFEST}")
+    if not path.is_file():
+        raise WeightsError(f"missing weights file {path} (expected sha256 {entry['sha256']})")
+    actual = sha256(path)
+    if actual != entry["sha256"]:
+        raise WeightsError(f"weights file {path} is corrupt or was replaced: sha256 {actual}, "
+                           f"expected {entry['sha256']}; restore it (git checkout) or retrain")
+    return path
+
+
+def load_gpt(path: Path, device: str = "cpu") -> GPT:
+    """Rebuild a GPT from `train_gpt.save_gpt`'s safetensors; strict."""
+    with safe_open(str(path), framework="pt", device=device) as f:
+        meta = f.metadata() or {}
+        if "config" not in meta:
+            raise WeightsError(f"{path} has no 'config' metadata; not a shapes GPT file")
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    cfg = json.loads(meta["config"])
+    cfg["grid"] = tuple(cfg["grid"])
+    gpt = GPT(GPTConfig(**cfg))
+    try:
+        gpt.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise WeightsError(f"{path} does not match the GPT architecture in its metadata: {err}") from err
+    return gpt.eval()

@@ -1,0 +1,90 @@
+"""Every config group option and every experiment composes and instantiates."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from harness.api import SamplingParams
+from harness.run import _build
+from tests.conftest import CONF, compose_cfg
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_primary_config_composes_with_documented_keys() -> None:
+    cfg = compose_cfg()
+    assert cfg.name == "default"
+    assert "experiment" not in OmegaConf.to_container(cfg)
+    assert list(cfg.decoder.keys()), "at least one decoder by default"
+    params = instantiate(cfg.sampling)
+    assert isinstance(params, SamplingParams)
+
+
+@pytest.mark.parametrize("name", _options("decoder"))
+def test_decoder_options_instantiate(name: str) -> None:
+    cfg = compose_cfg([f"decoder=[{name}]", "model=random"])
+    decoder = _build(cfg.decoder[name])
+    assert hasattr(decoder, "generate") and isinstance(decoder.sampling, SamplingParams)
+
+
+@pytest.mark.parametrize("name", _options("evaluator"))
+def test_evaluator_options_instantiate(name: str) -> None:
+    cfg = compose_cfg([f"evaluator=[{name}]", "model=random"])
+    ev = _build(cfg.evaluator[name])
+    assert ev.name and ev.version and hasattr(ev, "evaluate")
+
+
+@pytest.mark.parametrize("name", _options("dataset"))
+def test_dataset_options_compose(name: str, tmp_path: Path) -> None:
+    overrides = [f"dataset={name}", "model=random"]
+    if name == "prompt_file":
+        f = tmp_path / "p.txt"
+        f.write_text("a red circle\n")
+        overrides.append(f"dataset.path={f}")
+    cfg = compose_cfg(overrides)
+    prompts = _build(cfg.dataset)
+    assert prompts and all(p.text for p in prompts)
+
+
+@pytest.mark.parametrize("name", _options("model"))
+def test_model_options_compose(name: str) -> None:
+    cfg = compose_cfg([f"model={name}"])
+    assert {"temperature", "top_k", "top_p", "cfg_scale"} <= set(cfg.model.sampling.keys())
+    if name == "random":
+        bundle = _build(cfg.model, drop=("name", "sampling"))
+        assert bundle.target.grid == (cfg.model.grid, cfg.model.grid)
+
+
+@pytest.mark.parametrize("name", _options("experiment"))
+def test_experiments_compose(name: str) -> None:
+    cfg = compose_cfg([f"+experiment={name}"])
+    assert cfg.name == name
+    for dec in cfg.decoder.values():
+        assert "_target_" in dec
+
+
+@pytest.mark.parametrize("group", ["decoder", "model", "evaluator", "dataset"])
+def test_unknown_option_lists_the_choices(group: str) -> None:
+    with pytest.raises((MissingConfigException, ConfigCompositionException)) as err:
+        compose_cfg([f"{group}=no_such_option"])
+    assert "no_such_option" in str(err.value)
+    assert _options(group)[0] in str(err.value), "Hydra lists the available options"
+
+
+def test_single_decoder_override_replaces_the_list() -> None:
+    cfg = compose_cfg(["decoder=raster"])
+    assert list(cfg.decoder.keys()) == ["raster"]
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("top_k", 0)])
+def test_invalid_sampling_values_name_the_field(field: str, value: float) -> None:
+    cfg = compose_cfg([f"sampling.{field}={value}"])
+    with pytest.raises(Exception) as err:
+        instantiate(cfg.sampling)
+    assert f"sampling.{field}" in str(err.value)

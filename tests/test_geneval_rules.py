@@ -1,0 +1,216 @@
+"""GenEval's rule engine on fabricated detections: every rule and its edge cases."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from evaluators.geneval_rules import Detection, GenEvalRules, box_iou, summarize, tag_accuracies
+
+RULES = GenEvalRules()
+
+
+def det(cls: str, x: float, y: float, score: float = 0.95, color: str | None = "red",
+        size: float = 10.0) -> Detection:
+    """A square detection of side `size` centred at (x, y)."""
+    h = size / 2
+    return Detection(cls=cls, box=(x - h, y - h, x + h, y + h), score=score, mask=None, color=color)
+
+
+def meta(tag: str, include: list[dict], exclude: list[dict] | None = None) -> dict:
+    out = {"tag": tag, "include": include, "prompt": "p"}
+    if exclude is not None:
+        out["exclude"] = exclude
+    return out
+
+
+SINGLE = meta("single_object", [{"class": "circle", "count": 1}])
+
+
+def two_of(cls: str) -> dict:
+    return meta("counting", [{"class": cls, "count": 2}], [{"class": cls, "count": 3}])
+
+
+def position(relation: str) -> dict:
+    return meta("position", [{"class": "square", "count": 1},
+                             {"class": "circle", "count": 1, "position": [relation, 0]}])
+
+
+def test_defaults_are_the_official_options() -> None:
+    assert (RULES.threshold, RULES.counting_threshold, RULES.max_objects, RULES.max_overlap,
+            RULES.position_threshold) == (0.3, 0.9, 16, 1.0, 0.1)
+
+
+def test_threshold_is_strict() -> None:
+    assert RULES.evaluate([det("circle", 20, 20, score=0.3)], SINGLE) == (False, "expected circle>=1, found 0")
+    assert RULES.evaluate([det("circle", 20, 20, score=0.3001)], SINGLE) == (True, "")
+
+
+def test_counting_threshold_applies_to_all_classes_only_for_counting() -> None:
+    dets = [det("circle", 10, 10, 0.85), det("circle", 40, 40, 0.95)]
+    assert not RULES.evaluate(dets, two_of("circle"))[0]
+    assert RULES.evaluate(dets, meta("two_object", [{"class": "circle", "count": 2}]))[0]
+    exactly = [det("circle", 10, 10, 0.9), det("circle", 40, 40, 0.91)]
+    assert not RULES.evaluate(exactly, two_of("circle"))[0]
+
+
+def test_counting_exclude() -> None:
+    dets = [det("circle", 10 + 20 * i, 10) for i in range(3)]
+    assert RULES.evaluate(dets[:2], two_of("circle")) == (True, "")
+    assert RULES.evaluate(dets, two_of("circle")) == (False, "expected circle<3, found 3")
+    assert RULES.evaluate(dets[:1], two_of("circle")) == (False, "expected circle>=2, found 1")
+    # other classes do not count towards the exclude clause
+    assert RULES.evaluate(dets[:2] + [det("square", 80, 80)], two_of("circle"))[0]
+
+
+def test_max_objects_caps_the_count() -> None:
+    dets = [det("circle", 5 * i, 5, score=0.95 - 0.001 * i) for i in range(20)]
+    capped = meta("counting", [{"class": "circle", "count": 16}], [{"class": "circle", "count": 17}])
+    assert RULES.evaluate(dets, capped)[0]
+    assert not GenEvalRules(max_objects=20).evaluate(dets, capped)[0]
+
+
+def test_max_overlap_suppresses_duplicates() -> None:
+    twins = [det("circle", 20, 20, 0.95), det("circle", 21, 20, 0.9), det("circle", 60, 60, 0.92)]
+    assert len(RULES.select(twins, "two_object")["circle"]) == 3  # 1.0 = own NMS off
+    kept = GenEvalRules(max_overlap=0.5).select(twins, "two_object")["circle"]
+    assert [d.score for d in kept] == [0.95, 0.92]
+
+
+def test_select_sorts_by_score() -> None:
+    dets = [det("circle", 10, 10, 0.5), det("circle", 30, 30, 0.8), det("square", 50, 50, 0.6)]
+    kept = RULES.select(dets, "two_object")
+    assert [d.score for d in kept["circle"]] == [0.8, 0.5]
+    assert set(kept) == {"circle", "square"}
+
+
+def test_box_iou_uses_inclusive_pixels() -> None:
+    assert box_iou((0, 0, 9, 9), (0, 0, 9, 9)) == 1.0
+    assert box_iou((0, 0, 9, 9), (10, 0, 19, 9)) == 0.0
+    assert box_iou((0, 0, 9, 9), (5, 0, 14, 9)) == pytest.approx(50 / 150)
+
+
+def test_colour_single() -> None:
+    red = meta("colors", [{"class": "circle", "count": 1, "color": "red"}])
+    assert RULES.evaluate([det("circle", 20, 20, color="red")], red)[0]
+    ok, reason = RULES.evaluate([det("circle", 20, 20, color="blue")], red)
+    assert not ok and reason == "expected red circle>=1, found 0 red; and 1 blue"
+
+
+def test_colour_uses_only_the_top_count_objects() -> None:
+    red = meta("colors", [{"class": "circle", "count": 1, "color": "red"}])
+    dets = [det("circle", 10, 10, 0.9, "blue"), det("circle", 40, 40, 0.8, "red")]
+    assert not RULES.evaluate(dets, red)[0]
+
+
+def test_colour_with_count_two() -> None:
+    two_red = meta("color_attr", [{"class": "circle", "count": 2, "color": "red"}])
+    assert RULES.evaluate([det("circle", 10, 10, 0.9), det("circle", 40, 40, 0.8)], two_red)[0]
+    mixed = [det("circle", 10, 10, 0.9), det("circle", 40, 40, 0.8, "blue"), det("circle", 70, 70, 0.7)]
+    ok, reason = RULES.evaluate(mixed, two_red)
+    assert not ok and "found 1 red; and 1 red, 1 blue" in reason
+
+
+def test_colour_missing_raises() -> None:
+    red = meta("colors", [{"class": "circle", "count": 1, "color": "red"}])
+    with pytest.raises(ValueError, match="colour classifier"):
+        RULES.evaluate([det("circle", 20, 20, color=None)], red)
+
+
+def test_color_attr_needs_both() -> None:
+    m = meta("color_attr", [{"class": "circle", "count": 1, "color": "red"},
+                            {"class": "square", "count": 1, "color": "blue"}])
+    assert RULES.evaluate([det("circle", 10, 10, color="red"), det("square", 40, 40, color="blue")], m)[0]
+    ok, reason = RULES.evaluate([det("circle", 10, 10, color="blue"), det("square", 40, 40, color="red")], m)
+    assert not ok and len(reason.splitlines()) == 2
+
+
+@pytest.mark.parametrize("relation, dx, dy", [("left of", -30, 0), ("right of", 30, 0),
+                                              ("above", 0, -30), ("below", 0, 30)])
+def test_position_relations(relation: str, dx: float, dy: float) -> None:
+    dets = [det("square", 50, 50), det("circle", 50 + dx, 50 + dy)]
+    assert RULES.evaluate(dets, position(relation)) == (True, "")
+    for other in {"left of", "right of", "above", "below"} - {relation}:
+        assert not RULES.evaluate(dets, position(other))[0]
+
+
+def test_position_threshold_boundary() -> None:
+    # boxes 10 wide: revised dx = (d - 0.1 * 20) / d, which is 0.5 at d = 4 (strict >)
+    b = det("square", 50, 50)
+    assert RULES.relative_position(det("circle", 54, 50), b) == set()
+    assert RULES.relative_position(det("circle", 54.01, 50), b) == {"right of"}
+
+
+def test_position_no_relation_when_centres_close() -> None:
+    b = det("square", 50, 50)
+    assert RULES.relative_position(det("circle", 51, 51), b) == set()
+    ok, reason = RULES.evaluate([b, det("circle", 51, 51)], position("right of"))
+    assert not ok and reason == "expected circle right of target, found  target"
+
+
+def test_position_diagonal_gives_two_relations() -> None:
+    b = det("square", 50, 50, size=0.0)
+    assert RULES.relative_position(det("circle", 80, 80, size=0.0), b) == {"right of", "below"}
+
+
+def test_position_without_target_fails() -> None:
+    ok, reason = RULES.evaluate([det("circle", 80, 50)], position("right of"))
+    assert not ok
+    assert reason.splitlines() == ["expected square>=1, found 0", "no target for circle to be right of"]
+
+
+def test_position_target_failed_colour_means_no_target() -> None:
+    m = meta("position", [{"class": "square", "count": 1, "color": "blue"},
+                          {"class": "circle", "count": 1, "position": ["right of", 0]}])
+    ok, reason = RULES.evaluate([det("square", 50, 50, color="red"), det("circle", 80, 50)], m)
+    assert not ok and "no target for circle to be right of" in reason
+
+
+def test_position_checks_every_pair_of_top_objects() -> None:
+    m = meta("position", [{"class": "square", "count": 2},
+                          {"class": "circle", "count": 1, "position": ["right of", 0]}])
+    squares = [det("square", 20, 50, 0.9), det("square", 50, 50, 0.8)]
+    assert RULES.evaluate(squares + [det("circle", 80, 50)], m)[0]
+    assert not RULES.evaluate(squares + [det("circle", 35, 50)], m)[0]
+    # a third, lower-ranked square on the wrong side is not among the top 2
+    assert RULES.evaluate(squares + [det("square", 95, 50, 0.5), det("circle", 80, 50)], m)[0]
+
+
+def test_bad_group_reference_raises() -> None:
+    m = meta("position", [{"class": "circle", "count": 1, "position": ["right of", 1]}])
+    with pytest.raises(ValueError, match="earlier include group"):
+        RULES.evaluate([det("circle", 50, 50)], m)
+
+
+def test_summary_overall_is_unweighted_mean_of_tags() -> None:
+    frame = pd.DataFrame({
+        "tag": ["counting", "counting", "position", "position", "position", "position"],
+        "correct": [True, True, True, False, False, False],
+        "prompt_id": ["a", "a", "b", "b", "c", "c"],
+    })
+    summary = summarize(frame).set_index(["metric", "subset"])
+    assert summary.loc[("geneval", "counting"), "value"] == 1.0
+    assert summary.loc[("geneval", "position"), "value"] == 0.25
+    assert summary.loc[("geneval", "all"), "value"] == pytest.approx(0.625)
+    assert summary.loc[("geneval", "all"), "n"] == 6
+    assert summary.loc[("geneval_images", "all"), "value"] == 0.5
+    assert summary.loc[("geneval_prompts", "all"), "value"] == pytest.approx(2 / 3)
+    se = math.sqrt(0.25 * 0.75 / 3)
+    assert summary.loc[("geneval", "position"), "stderr"] == pytest.approx(se)
+    assert tag_accuracies(frame["tag"], frame["correct"]) == {
+        "counting": 1.0, "position": 0.25, "overall": 0.625}
+
+
+def test_summary_rejects_bad_frames() -> None:
+    with pytest.raises(ValueError, match="tag"):
+        summarize(pd.DataFrame({"correct": [True]}))
+    with pytest.raises(ValueError, match="no images"):
+        summarize(pd.DataFrame({"tag": [], "correct": []}))
+
+
+def test_masks_pass_through() -> None:
+    mask = np.zeros((8, 8), dtype=bool)
+    d = Detection(cls="circle", box=(0, 0, 4, 4), score=0.5, mask=mask, color="red")
+    assert RULES.select([d], "single_object")["circle"][0].mask is mask
