@@ -129,7 +129,7 @@ def _timing_rows(stats: pd.DataFrame) -> list[dict[str, Any]]:
     """Latency, throughput, conditioning time and peak memory rows."""
     rows: list[dict[str, Any]] = []
     if "warmup" in stats.columns:
-        timed = stats
+        timed = stats[~stats["warmup"].fillna(False).astype(bool)]
     else:
         timed = stats
     if timed.empty:

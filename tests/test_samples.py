@@ -28,8 +28,10 @@ from harness.seeding import image_seed, make_generators
 
 
 def _prompts(n: int) -> list[Prompt]:
-    return [Prompt(id=f"toy/{i:03d}", text=f"a red square, number {i}", meta={"tag": "colors", "i": i})
-            for i in range(n)]
+    return [
+        Prompt(id=f"toy/{i:03d}", text=f"a red square, number {i}", meta={"tag": "colors", "i": i})
+        for i in range(n)
+    ]
 
 
 def _image(spec: SampleSpec) -> np.ndarray:
@@ -58,7 +60,7 @@ def _generate(samples: SampleSet, specs: list[SampleSpec], crash_after: int | No
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 # --- seeds -------------------------------------------------------------------------------------
@@ -116,7 +118,8 @@ def test_shards_cover_every_sample_exactly_once(num_shards: int) -> None:
     for shard in shards:  # split by prompt: both images of a prompt land in the same shard
         prompt_ids = {spec.prompt.id for spec in shard}
         assert len(shard) == 2 * len(prompt_ids)
-    assert shards == [plan(prompts, 2, 0, shard=s, num_shards=num_shards) for s in range(num_shards)]
+    again = [plan(prompts, 2, 0, shard=s, num_shards=num_shards) for s in range(num_shards)]
+    assert shards == again  # deterministic
     by_id = {spec.sample_id: spec for spec in full}
     assert all(by_id[spec.sample_id] == spec for shard in shards for spec in shard)
 
@@ -201,7 +204,9 @@ def test_round_trip_records_stats_prompts_images(tmp_path: Path) -> None:
     samples = SampleSet(tmp_path)
     _generate(samples, specs)
     records = samples.records()
-    assert list(records.columns) == ["sample_id", "prompt_id", "prompt", "image_index", "seed", "path", "meta"]
+    assert list(records.columns) == [
+        "sample_id", "prompt_id", "prompt", "image_index", "seed", "path", "meta"
+    ]
     first = records.iloc[0]
     assert first["path"] == f"images/{first['sample_id']}.png"
     assert json.loads(first["meta"]) == {"i": 0, "tag": "colors"}
@@ -224,7 +229,8 @@ def test_consolidate_writes_sorted_complete_tables(tmp_path: Path) -> None:
     expected = sorted(spec.sample_id for spec in plan(prompts, 2, 0))
     assert table["sample_id"].tolist() == expected
     assert stats["sample_id"].tolist() == expected
-    assert table["seed"].tolist() == [image_seed(0, pid, k) for pid, k in zip(table["prompt_id"], table["image_index"])]
+    pairs = zip(table["prompt_id"], table["image_index"])
+    assert table["seed"].tolist() == [image_seed(0, pid, k) for pid, k in pairs]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -249,7 +255,8 @@ def test_root_under_a_regular_file_is_not_writable(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     samples = SampleSet(blocker / "samples")
     spec = plan(_prompts(1), 1, 0)[0]
-    with pytest.raises(NotWritableError, match=r"results directory .*file/samples is not writable: "):
+    expected = r"results directory .*file/samples is not writable: "
+    with pytest.raises(NotWritableError, match=expected):
         samples.write(spec, _image(spec), _stats(spec))
     with pytest.raises(NotWritableError):
         samples.pending([spec])

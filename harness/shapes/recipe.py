@@ -1,0 +1,95 @@
+"""The seeded training recipe that reproduces the shipped shapes-world weights:
+tokenizer first, then the target (16x16), the half-resolution drafter (8x8) and the small
+same-resolution drafter, then the manifest.
+
+    python -m harness.shapes.recipe --out .cache/shapes_recipe            # train (resumes)
+    python -m harness.shapes.recipe --out .cache/shapes_recipe --install  # + copy into the package
+
+Every stage checkpoints and resumes; rerunning the command after an interruption continues
+where it stopped. Stages already finished (their .safetensors exists) are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.shapes.train_gpt import train_gpt
+from harness.shapes.train_tokenizer import train_tokenizer
+from harness.shapes.weights import WEIGHTS_DIR, write_manifest
+
+log = logging.getLogger(__name__)
+
+# The recipe of record: changing a value here changes the shipped weights.
+TOKENIZER = dict(steps=600, batch_size=32, seed=0, lr=2e-3, log_every=50, ckpt_every=100)
+GPTS: dict[str, dict[str, Any]] = {
+    "target": dict(steps=3000, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4, seed=0),
+    "drafter": dict(steps=3000, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4, seed=1),
+    "small_drafter": dict(steps=1500, batch_size=32, lr=2e-3, dim=256, n_layer=1, n_head=4, seed=2),
+}
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def stage_tokenizer(out: Path) -> dict[str, Any]:
+    folder = out / "tokenizer"
+    if (folder / "tokenizer.safetensors").exists() and (folder / "metrics.json").exists():
+        return json.loads((folder / "metrics.json").read_text())
+    return train_tokenizer(folder, **TOKENIZER)
+
+
+def stage_gpt(out: Path, role: str) -> dict[str, Any]:
+    folder = out / role
+    done = folder / f"{role}.safetensors"
+    if done.exists() and (folder / "metrics.json").exists():
+        return json.loads((folder / "metrics.json").read_text())
+    metrics = train_gpt(role, out / "tokenizer" / "tokenizer.safetensors", folder, **GPTS[role])
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def install(out: Path, metrics: dict[str, Any], dest: Path = WEIGHTS_DIR) -> dict[str, Any]:
+    """Copy the trained files into `dest` and write the manifest (sha256, config, losses)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = ["tokenizer.safetensors"] + [f"{r}.safetensors" for r in GPTS if (out / r / f"{r}.safetensors").exists()]
+    for name in files:
+        src = out / ("tokenizer" if name == "tokenizer.safetensors" else name.removesuffix(".safetensors")) / name
+        shutil.copyfile(src, dest / name)
+    info = {"recipe": {"tokenizer": TOKENIZER, "gpts": GPTS}, "commit": _commit(),
+            "torch": torch.__version__, "metrics": metrics}
+    return write_manifest(dest, files, info)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="working folder (checkpoints, logs)")
+    ap.add_argument("--roles", nargs="+", default=list(GPTS), choices=list(GPTS))
+    ap.add_argument("--install", action="store_true", help=f"copy the weights into {WEIGHTS_DIR}")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    metrics = {"tokenizer": stage_tokenizer(a.out)}
+    for role in a.roles:
+        metrics[role] = stage_gpt(a.out, role)
+    if a.install:
+        manifest = install(a.out, metrics)
+        log.info("installed %d files into %s", len(manifest["files"]), WEIGHTS_DIR)
+
+
+if __name__ == "__main__":
+    main()
