@@ -32,7 +32,8 @@ class SpeedEvaluator:
     Summary metrics (subset "all"; per image unless stated):
         latency_s, latency_p90_s: median and 90th percentile of the latency of the batch that made
             each image (warm-up batches excluded);
-        throughput_img_s: images / summed latency of the distinct timed batches;
+        throughput_img_s: images made by the distinct timed batches (their batch_size) / their
+            summed latency, so images lost to a crash still count as work done (n = batches);
         condition_s: median text-conditioning time of each image's batch;
         peak_memory_mb: largest per-batch peak memory (1 MB = 1e6 bytes; n = batches);
         target_forwards, drafter_forwards, resampled: means;
@@ -53,6 +54,7 @@ class SpeedEvaluator:
 def speed_result(stats: pd.DataFrame) -> EvalResult:
     """Compute the speed summary and per-sample table from a SampleSet's stats frame."""
     _validate(stats)
+    stats = stats.reset_index(drop=True)
     per_sample = _per_sample(stats)
     rows = _timing_rows(stats) + _counter_rows(per_sample)
     return EvalResult(summary=metric_rows(rows), per_sample=per_sample)

@@ -194,9 +194,7 @@ def _label(key: object) -> str:
 def _decimals(column: pd.Series) -> int:
     """Decimals for about four significant digits of the column's largest magnitude (0 to 4)."""
     finite = column[np.isfinite(column)].abs()
-    if finite.empty or finite.max() == 0:
-        return 2
-    if (finite == finite.round()).all() and finite.max() >= 1:
+    if finite.empty or (finite == finite.round()).all():  # counts and exact ratios: no decimals
         return 0
     return int(min(4, max(0, 3 - math.floor(math.log10(finite.max())))))
 

@@ -3,7 +3,6 @@ evaluators -> summary.csv + run.json + a printed table."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from harness.api import Decoder, Evaluator, ModelBundle, SamplingParams
 from harness.datasets import select
 from harness.generate import generate
 from harness.models.guidance import Guided
-from harness.samples import SampleSet, plan
+from harness.samples import NotWritableError, SampleSet, plan, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +57,20 @@ def _decoders(cfg: DictConfig) -> dict[str, DictConfig]:
 
 
 def _evaluators(cfg: DictConfig) -> list[Evaluator]:
-    return [_build(node) for node in (cfg.evaluator or {}).values()]
+    return [_build(node, drop=()) for node in (cfg.evaluator or {}).values()]
 
 
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     """Run the configured stages; return the long summary table of this job."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _writable(out_dir, "results directory (hydra.run.dir)")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = _device(cfg.device)
     prompts = select(_build(cfg.dataset), cfg.dataset_limit)
     specs = plan(prompts, cfg.images_per_prompt, cfg.seed, shard=cfg.shard.index, num_shards=cfg.shard.count)
     samples_root = Path(cfg.samples_dir) if cfg.samples_dir else out_dir / "samples"
+    if "generate" in cfg.stages:
+        _writable(samples_root, "samples directory (samples_dir)")
     provenance.write_run_json(out_dir / "run.json", OmegaConf.to_container(cfg, resolve=True),
                               {"seed": cfg.seed, "prompts": len(prompts), "samples": len(specs)})
     bundle: ModelBundle | None = None
@@ -90,11 +91,21 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if not summary.empty:
         summary = _with_speedup(summary)
-        tmp = out_dir / ".summary.csv.tmp"
-        summary.to_csv(tmp, index=False)
-        os.replace(tmp, out_dir / "summary.csv")
+        write_atomic(out_dir / "summary.csv", summary.to_csv(index=False).encode())
         log.info("results in %s\n%s", out_dir, results.format_table(summary))
     return summary
+
+
+def _writable(folder: Path, what: str) -> None:
+    """Create `folder` or fail with an error that names it and the fix."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write_probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise NotWritableError(f"{what} {folder} is not writable ({err.strerror or err}); "
+                               "point it to a writable folder") from err
 
 
 def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
@@ -118,8 +129,7 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, out_dir: Pat
         if res.per_sample is not None:
             path = out_dir / "per_sample" / decoder / f"{ev.name}.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
-            res.per_sample.to_csv(path.with_suffix(".tmp"), index=False)
-            os.replace(path.with_suffix(".tmp"), path)
+            write_atomic(path, res.per_sample.to_csv(index=False).encode())
     return pd.concat(frames, ignore_index=True)
 
 

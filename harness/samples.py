@@ -173,8 +173,9 @@ class SampleSet:
         try:
             self.images_dir.mkdir(parents=True, exist_ok=True)
             self.records_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.root / ".write_probe", b"")
-            (self.root / ".write_probe").unlink()
+            probe = self.root / f".write_probe.{uuid.uuid4().hex[:12]}"  # unique: shards race
+            probe.write_bytes(b"")
+            probe.unlink()
         except OSError as exc:
             raise NotWritableError(
                 f"results directory {self.root} is not writable: {exc}. Choose a writable output "
@@ -245,9 +246,6 @@ class SampleSet:
         buffer = io.BytesIO()
         Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG")
         png = buffer.getvalue()
-        # Drop an old marker first, so no crash can leave it pointing at a new, partial image.
-        self.record_path(spec.sample_id).unlink(missing_ok=True)
-        write_atomic(self.image_path(spec.sample_id), png)
         record = {
             "format": RECORD_FORMAT,
             "sample_id": spec.sample_id,
@@ -268,11 +266,16 @@ class SampleSet:
             raise TypeError(
                 f"prompt meta of {spec.prompt.id!r} is not JSON-serialisable: {exc}"
             ) from exc
+        # Drop an old marker first, so no crash can leave it pointing at a new, partial image.
+        self.record_path(spec.sample_id).unlink(missing_ok=True)
+        write_atomic(self.image_path(spec.sample_id), png)
         write_atomic(self.record_path(spec.sample_id), text.encode("utf-8"))
 
     def records(self) -> pd.DataFrame:
-        """Return one row per complete sample, sorted by sample_id, with RECORD_COLUMNS
-        (`path` relative to root, `meta` the prompt's meta as a JSON string)."""
+        """Return one row per complete sample, sorted by sample_id, with RECORD_COLUMNS.
+
+        `path` is relative to root; `meta` is the prompt's meta as a JSON string.
+        """
         return _records_frame(self._complete_records())
 
     def stats(self) -> pd.DataFrame:

@@ -88,3 +88,13 @@ def test_invalid_sampling_values_name_the_field(field: str, value: float) -> Non
     with pytest.raises(Exception) as err:
         instantiate(cfg.sampling)
     assert f"sampling.{field}" in str(err.value)
+
+
+@pytest.mark.parametrize("launcher,target", [("local", "BasicLauncher"), ("slurm", "SlurmLauncher"),
+                                             ("local_submitit", "LocalLauncher")])
+def test_launchers_compose(launcher: str, target: str) -> None:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)

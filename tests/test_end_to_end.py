@@ -59,3 +59,10 @@ def test_bad_prompts_file_names_path_and_line(tmp_path: Path) -> None:
     res = _run(["+experiment=smoke", f"hydra.run.dir={tmp_path / 'r'}", "dataset=prompt_file",
                 f"dataset.path={bad}"], tmp_path)
     assert res.returncode != 0 and f"{bad}:2" in res.stderr
+
+
+def test_unwritable_samples_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    res = _run(["+experiment=smoke", f"hydra.run.dir={tmp_path / 'r'}", f"samples_dir={blocker / 'sub'}"], tmp_path)
+    assert res.returncode != 0 and "is not writable" in res.stderr and str(blocker / "sub") in res.stderr

@@ -72,7 +72,7 @@ def test_straight_through_gradient() -> None:
     # the decoder input is exactly the chosen codes: recompute from the indices
     z = model.codebook[indices].permute(0, 3, 1, 2)
     torch.testing.assert_close(model.decode_codes(z), recon)
-    recon.square().mean().backward()
+    recon.square().mean().backward(retain_graph=True)
     assert x.grad is not None and x.grad.abs().sum() > 0
     assert model.encoder.net[0].weight.grad.abs().sum() > 0
     assert model.embedding.weight.grad is None  # reconstruction alone does not move the codes
