@@ -80,6 +80,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         if "generate" in cfg.stages:
             if bundle is None:
                 bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
+                bundle.name = str(cfg.model.get("name", bundle.name))
             decoder: Decoder = _build(dec_cfg)
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
             generate(decoder, models, sample_set, specs, batch_size=cfg.batch_size,

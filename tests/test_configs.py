@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from harness.api import SamplingParams
 from harness.run import _build
-from tests.conftest import CONF, compose_cfg
+from tests.conftest import CONF, SHARED_DATA, compose_cfg
 
 
 def _options(group: str) -> list[str]:
@@ -40,6 +40,14 @@ def test_evaluator_options_instantiate(name: str) -> None:
     assert ev.name and ev.version and hasattr(ev, "evaluate")
 
 
+# Official prompt sets read the shared benchmark files (a user's clone downloads them instead).
+OFFICIAL_DATASET_PATHS = {
+    "coco5k": ("captions", "coco/captions_val2017.json"),
+    "geneval": ("metadata", "geneval/evaluation_metadata.jsonl"),
+    "dpg_bench": ("prompts", "dpg_bench/prompts"),
+}
+
+
 @pytest.mark.parametrize("name", _options("dataset"))
 def test_dataset_options_compose(name: str, tmp_path: Path) -> None:
     overrides = [f"dataset={name}", "model=random"]
@@ -47,6 +55,11 @@ def test_dataset_options_compose(name: str, tmp_path: Path) -> None:
         f = tmp_path / "p.txt"
         f.write_text("a red circle\n")
         overrides.append(f"dataset.path={f}")
+    if name in OFFICIAL_DATASET_PATHS:
+        if not SHARED_DATA.is_dir():
+            pytest.skip(f"{SHARED_DATA} is absent; dataset={name} would download its prompt file")
+        key, rel = OFFICIAL_DATASET_PATHS[name]
+        overrides.append(f"dataset.{key}={SHARED_DATA / rel}")
     cfg = compose_cfg(overrides)
     prompts = _build(cfg.dataset)
     assert prompts and all(p.text for p in prompts)

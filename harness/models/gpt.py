@@ -7,6 +7,13 @@ Parameter names and shapes follow LlamaGen's `autoregressive/models/gpt.py` (`to
 Sequence layout (cache slots): `prefix_len` condition slots, then one slot per image token:
 image raster position i lives in slot `prefix_len + i`. The output at slot s predicts the token of
 the next slot, so the last prefix slot predicts image position 0.
+
+Official-checkpoint options (defaults keep the original behaviour): `prefix_rope="zero"` gives the
+prefix slots LlamaGen's all-zero rotary table (their queries and keys are zeroed, as in LlamaGen's
+`precompute_freqs_cis_2d`); `cond_embed="linear"` is Tar AR-DTok's `clip_proj` (a biased linear
+map; unconditional rows are zero features); `pos_embed="abs_pe"` is Tar AR-DTok's learned absolute
+table `abs_pe` [1, L, dim]; `prefill(cond, prefix_mask)` applies LlamaGen's caption padding mask
+(a padded prefix slot is seen only by itself) to every later forward.
 """
 from __future__ import annotations
 
@@ -33,7 +40,10 @@ class GPTConfig:
     ffn_dim_multiplier: float | None = None
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
-    pos_embed: str = "rope2d"  # "rope2d" (LlamaGen) or "learned" (absolute, Tar AR-DTok)
+    pos_embed: str = "rope2d"  # "rope2d" (LlamaGen), "learned" ([S, dim]) or "abs_pe" (Tar AR-DTok)
+    pos_embed_len: int | None = None  # rows of `abs_pe` (None: prefix_len + n_tokens - 1, as Tar)
+    prefix_rope: str = "identity"  # rotary table of the prefix slots: "identity" | "zero" (LlamaGen)
+    cond_embed: str = "caption_mlp"  # "caption_mlp" (LlamaGen cls_embedding) | "linear" (Tar clip_proj)
     prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
     caption_dim: int = 64  # width of the condition features fed to cls_embedding
     word_vocab: int = 0  # > 0: the model owns a word embedding (captions given as word ids)
@@ -41,8 +51,12 @@ class GPTConfig:
     cond_dropout: float = 0.1  # probability of the unconditional embedding in training (CFG)
 
     def __post_init__(self) -> None:
-        if self.pos_embed not in ("rope2d", "learned"):
-            raise ValueError(f"pos_embed must be 'rope2d' or 'learned', got {self.pos_embed!r}")
+        if self.pos_embed not in ("rope2d", "learned", "abs_pe"):
+            raise ValueError(f"pos_embed must be 'rope2d', 'learned' or 'abs_pe', got {self.pos_embed!r}")
+        if self.prefix_rope not in ("identity", "zero"):
+            raise ValueError(f"prefix_rope must be 'identity' or 'zero', got {self.prefix_rope!r}")
+        if self.cond_embed not in ("caption_mlp", "linear"):
+            raise ValueError(f"cond_embed must be 'caption_mlp' or 'linear', got {self.cond_embed!r}")
         if self.dim % self.n_head:
             raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
 
@@ -116,9 +130,11 @@ class FeedForward(nn.Module):
         return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
 
 
-def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len: int) -> Tensor:
+def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len: int,
+                  prefix: str = "identity") -> Tensor:
     """Rotation table [prefix_len + rows*cols, head_dim/2, 2] (cos, sin). Half the rotary pairs
-    encode the row, half the column (LlamaGen's layout); prefix slots get no rotation."""
+    encode the row, half the column (LlamaGen's layout); prefix slots get no rotation
+    (`prefix="identity"`) or LlamaGen's zero table (`prefix="zero"`: prefix queries/keys vanish)."""
     half = head_dim // 2
     freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # [half/2]
     rows = torch.outer(torch.arange(grid[0]).float(), freqs)  # [R, half/2]
@@ -127,8 +143,8 @@ def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len:
         [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
     ).flatten(0, 1)  # [R*C, half]
     table = torch.stack([angles.cos(), angles.sin()], dim=-1)
-    prefix = torch.stack([torch.ones(prefix_len, half), torch.zeros(prefix_len, half)], dim=-1)
-    return torch.cat([prefix, table])
+    cos0 = torch.ones(prefix_len, half) if prefix == "identity" else torch.zeros(prefix_len, half)
+    return torch.cat([torch.stack([cos0, torch.zeros(prefix_len, half)], dim=-1), table])
 
 
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
@@ -214,16 +230,23 @@ class GPT(nn.Module):
         self.cfg = cfg
         if cfg.word_vocab > 0:
             self.word_embeddings = nn.Embedding(cfg.word_vocab, cfg.caption_dim)
-        self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.prefix_len)
+        if cfg.cond_embed == "linear":
+            self.clip_proj = nn.Linear(cfg.caption_dim, cfg.dim)
+        else:
+            self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.prefix_len)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.tok_dropout = nn.Dropout(cfg.dropout)
         if cfg.pos_embed == "learned":
             self.pos_embedding = nn.Parameter(torch.zeros(cfg.prefix_len + cfg.n_tokens, cfg.dim))
+        elif cfg.pos_embed == "abs_pe":
+            rows = cfg.pos_embed_len or cfg.prefix_len + cfg.n_tokens - 1
+            self.abs_pe = nn.Parameter(torch.zeros(1, rows, cfg.dim))
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len)
+        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope)
         self.register_buffer("rope_table", table, persistent=False)
+        self.prefix_keep: Tensor | None = None  # [B, P] bool caption padding mask of the cached rows
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -242,26 +265,39 @@ class GPT(nn.Module):
         feats = cond.features if cond.ids is None else self.word_embeddings(cond.ids)
         if feats.shape[1] != self.cfg.prefix_len:
             raise ValueError(f"condition has {feats.shape[1]} tokens, the model expects {self.cfg.prefix_len}")
+        if self.cfg.cond_embed == "linear":
+            feats = torch.where(cond.null[:, None, None], torch.zeros_like(feats), feats)
+            return self.clip_proj(feats.to(self.clip_proj.weight.dtype))
         return self.cls_embedding(feats, cond.null)
 
     def _positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
         """Add absolute embeddings or return the rotary table for slots [B, T]."""
         if self.cfg.pos_embed == "learned":
             return h + self.pos_embedding[slots].to(h.dtype), None
+        if self.cfg.pos_embed == "abs_pe":
+            # Tar's table has no row for the last image slot (never an input there); its output
+            # would predict a position past the grid, so any row serves it.
+            return h + self.abs_pe[0, slots.clamp(max=self.abs_pe.shape[1] - 1)].to(h.dtype), None
         return h, self.rope_table[slots]
 
     def _head(self, h: Tensor) -> Tensor:
         return self.output(self.norm(h)).float()
 
     # ---------------------------------------------------------------- training
-    def forward_train(self, cond: TextCondition, tokens: Tensor) -> Tensor:
-        """Teacher forcing. tokens [B, N] -> logits [B, N, V] where logits[:, i] predicts tokens[:, i]."""
+    def forward_train(self, cond: TextCondition, tokens: Tensor,
+                      prefix_mask: Tensor | None = None) -> Tensor:
+        """Teacher forcing. tokens [B, N] -> logits [B, N, V] where logits[:, i] predicts tokens[:, i].
+        prefix_mask [B, P] bool (True = real caption token) or None."""
         b = tokens.shape[0]
         x = torch.cat([self.prefix_embeddings(cond), self.tok_embeddings(tokens[:, :-1])], dim=1)
         slots = torch.arange(x.shape[1], device=x.device).expand(b, -1)
+        mask = None
+        if prefix_mask is not None:
+            causal = slots[:, :, None] >= torch.arange(x.shape[1], device=x.device)
+            mask = self._mask_prefix(causal, slots, prefix_mask.to(x.device)).unsqueeze(1)
         h, rope = self._positional(self.tok_dropout(x), slots)
         for layer in self.layers:
-            h = layer(h, rope, None, None)
+            h = layer(h, rope, mask, None)
         return self._head(h[:, self.cfg.prefix_len - 1:])
 
     # ---------------------------------------------------------------- cached inference
@@ -271,14 +307,27 @@ class GPT(nn.Module):
         for layer in self.layers:
             att = layer.attention
             att.kv_cache = KVCache(batch_size, att.n_kv_head, self.slots, att.head_dim, dtype or p.dtype, p.device)
+        self.prefix_keep = None
 
-    def prefill(self, cond: TextCondition) -> Tensor:
-        """Write the prefix into slots [0, P); return logits [B, V] for image position 0."""
+    def prefill(self, cond: TextCondition, prefix_mask: Tensor | None = None) -> Tensor:
+        """Write the prefix into slots [0, P); return logits [B, V] for image position 0.
+        prefix_mask [B, P] bool (True = real caption token; None = all real) is kept for every
+        later forward until the next `setup_cache`/`prefill`: a padded prefix slot is attended
+        only by itself (LlamaGen's `emb_masks`)."""
         x = self.prefix_embeddings(cond)
         b, p = x.shape[:2]
+        self.prefix_keep = None if prefix_mask is None else prefix_mask.to(x.device, torch.bool)
         slots = torch.arange(p, device=x.device).expand(b, -1)
-        mask = (slots[:, :, None] >= torch.arange(self.slots, device=x.device)).unsqueeze(1)
-        return self._run(x, slots, mask)[:, -1]
+        mask = slots[:, :, None] >= torch.arange(self.slots, device=x.device)
+        return self._run(x, slots, mask.unsqueeze(1))[:, -1]
+
+    def _mask_prefix(self, mask: Tensor, slots: Tensor, keep: Tensor) -> Tensor:
+        """mask [B, T, S], query slots [B, T], keep [B, P] -> mask with padded prefix columns
+        hidden from every query but the slot itself."""
+        p = keep.shape[1]
+        own = slots[:, :, None] == torch.arange(p, device=mask.device)
+        prefix = mask[:, :, :p] & (keep[:, None, :] | own)
+        return torch.cat([prefix, mask[:, :, p:]], dim=-1)
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
         """tokens [B, T] at image positions [T] or [B, T]; mask [B, T, S] bool (True = attend) or
@@ -294,6 +343,9 @@ class GPT(nn.Module):
         return self._run(self.tok_embeddings(tokens), slots, mask.unsqueeze(1))
 
     def _run(self, x: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        """x [B, T, dim], slots [B, T], mask [B, 1, T, S] -> logits [B, T, V]."""
+        if self.prefix_keep is not None:
+            mask = self._mask_prefix(mask[:, 0], slots, self.prefix_keep).unsqueeze(1)
         h, rope = self._positional(x, slots)
         for layer in self.layers:
             h = layer(h, rope, mask, slots)

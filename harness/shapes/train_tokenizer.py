@@ -240,7 +240,7 @@ def train_tokenizer(
     optimizer = make_optimizer(model, lr, weight_decay)
     generator = torch.Generator().manual_seed(seed)
     last_used = torch.zeros(codebook_size, dtype=torch.long)
-    start, elapsed = 0, 0.0
+    start, elapsed, cpu = 0, 0.0, 0.0
 
     ckpt_path = out_dir / CHECKPOINT
     if resume and ckpt_path.exists():
@@ -254,7 +254,8 @@ def train_tokenizer(
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["restart_rng"])
         torch.set_rng_state(state["torch_rng"])
-        last_used, start, elapsed = state["last_used"], state["step"], state["elapsed"]
+        last_used, start = state["last_used"], state["step"]
+        elapsed, cpu = state["elapsed"], state["cpu_seconds"]
         log.info("resumed from %s at step %d", ckpt_path, start)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("ShapesVQ %s: %.3fM params; training steps %d..%d", model.config, n_params / 1e6,
@@ -266,7 +267,7 @@ def train_tokenizer(
     t_window = time.perf_counter()
     model.train()
     for step in range(start, steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         batches = [training_batch(seed, step, n64, 64), training_batch(seed, step, batch_size - n64, 32)]
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, steps, lr, warmup)
@@ -301,6 +302,7 @@ def train_tokenizer(
                 last_used[dead] = step + 1
                 log.info("step %d: restarted %d dead codes", step + 1, int(dead.sum()))
         elapsed += time.perf_counter() - t0
+        cpu += time.process_time() - c0
 
         window["loss"] += loss.item()
         window["acc"] += sum(reconstruction_metrics(b, r)["palette_acc"]
@@ -313,10 +315,10 @@ def train_tokenizer(
             n, dt = window["n"], time.perf_counter() - t_window
             stats = usage_stats(counts)
             log.info("step %d/%d loss %.4f pix %.4f codebook %.4f commit %.4f train_acc %.4f "
-                     "usage %.3f ppl %.0f lr %.2e %.1f img/s elapsed %.0fs", done, steps,
+                     "usage %.3f ppl %.0f lr %.2e %.1f img/s elapsed %.0fs cpu %.0fs", done, steps,
                      window["loss"] / n, window["pix"] / n, window["codebook"] / n,
                      window["commit"] / n, window["acc"] / n, stats["usage"], stats["perplexity"],
-                     optimizer.param_groups[0]["lr"], n * batch_size / dt, elapsed)
+                     optimizer.param_groups[0]["lr"], n * batch_size / dt, elapsed, cpu)
             window = dict.fromkeys(window, 0.0)
             window["n"] = 0
             counts.zero_()
@@ -325,10 +327,12 @@ def train_tokenizer(
             save_checkpoint(ckpt_path, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
                 "torch_rng": torch.get_rng_state(), "restart_rng": generator.get_state(),
-                "last_used": last_used, "config": config, "elapsed": elapsed})
+                "last_used": last_used, "config": config, "elapsed": elapsed,
+                "cpu_seconds": cpu})
 
     save_tokenizer(model, out_dir / WEIGHTS)
-    metrics = {"step": steps, "train_seconds": elapsed, "params": n_params, "config": config,
+    metrics = {"step": steps, "train_seconds": elapsed, "cpu_seconds": cpu, "params": n_params,
+               "config": config,
                "eval": evaluate(model, eval_images) if eval_images else {}}
     (out_dir / METRICS).write_text(json.dumps(metrics, indent=2))
     if eval_images:

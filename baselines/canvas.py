@@ -1,0 +1,102 @@
+"""The state every speculative-decoding piece reads: the per-call `Context` and the token `Canvas`.
+
+Positions are raster indices 0 <= i < N = rows * cols. Each batch row has its own committed
+frontier `n_b` (tokens at positions < n_b are final) and its own target-KV frontier `fed_b` (the
+target's cache holds the K/V of the committed tokens at positions < fed_b; fed_b <= n_b). Rows
+advance independently, so every forward takes per-row positions [B, T].
+
+Scratch slot: the cache slot of the last position N - 1 is never read by a query that matters (a
+query at position i < N - 1 sees slots <= i, and the output at N - 1 would predict position N,
+which does not exist). Inputs that fall outside a row's useful range (past the end of the image,
+before its start, or rows that already finished) are written there, so that batch rows keep one
+shape without corrupting each other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from harness.api import Condition, ModelBundle, SamplingParams
+from harness.neighbours import neighbour_table
+
+
+@dataclass
+class Context:
+    """What the pieces of one `generate` call share: models (CFG-wrapped by the harness), the
+    condition, the sampling parameters, one generator per image, the device and `refeed` (the
+    most committed tokens a verification re-encodes ahead of its drafts; the scope's choice)."""
+
+    models: ModelBundle
+    cond: Condition
+    sampling: SamplingParams
+    gens: list[torch.Generator]
+    device: torch.device
+    refeed: int = 1
+    _tables: dict[int, Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def batch(self) -> int:
+        return len(self.gens)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return tuple(self.models.target.grid)  # type: ignore[return-value]
+
+    @property
+    def n_tokens(self) -> int:
+        rows, cols = self.grid
+        return rows * cols
+
+    @property
+    def vocab(self) -> int:
+        return int(self.models.target.vocab_size)
+
+    def neighbours(self, k: int) -> Tensor:
+        """The target codebook's k-nearest-neighbour table [V, k'] int64 on `device` (k' =
+        min(k, V-1)); hashed once per call, computed once per codebook (harness/neighbours.py)."""
+        if k not in self._tables:
+            self._tables[k] = neighbour_table(self.models.target.codebook, k).to(self.device)
+        return self._tables[k]
+
+
+def feed_positions(index: Tensor, n_tokens: int) -> Tensor:
+    """Raster indices [...] -> cache positions: indices outside [0, N - 2] go to the scratch slot
+    N - 1 (see the module docstring)."""
+    outside = (index < 0) | (index > n_tokens - 2)
+    return torch.where(outside, torch.full_like(index, n_tokens - 1), index)
+
+
+@dataclass
+class Canvas:
+    """tokens [B, N + pad] int64: committed tokens at positions < frontier, the current drafts
+    after it, padding beyond N (writes there are harmless); frontier [B], fed [B] int64."""
+
+    tokens: Tensor
+    frontier: Tensor
+    fed: Tensor
+    n_tokens: int
+
+    @classmethod
+    def empty(cls, batch: int, n_tokens: int, pad: int, device: torch.device) -> "Canvas":
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        tokens = torch.zeros(batch, n_tokens + pad, dtype=torch.long, device=device)
+        return cls(tokens=tokens, frontier=zeros.clone(), fed=zeros.clone(), n_tokens=n_tokens)
+
+    @property
+    def active(self) -> Tensor:
+        """[B] bool: rows that still have positions to decode."""
+        return self.frontier < self.n_tokens
+
+    def read(self, start: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """Per-row windows: start [B] -> (tokens [B, width], cache positions [B, width]) of raster
+        indices start .. start + width - 1 (out-of-range indices read padding and feed scratch)."""
+        index = start[:, None] + torch.arange(width, device=start.device)
+        tokens = self.tokens.gather(1, index.clamp(0, self.tokens.shape[1] - 1))
+        return tokens, feed_positions(index, self.n_tokens)
+
+    def write(self, start: Tensor, values: Tensor) -> None:
+        """Write values [B, W] at raster indices start [B] .. start + W - 1 (into padding past N)."""
+        index = start[:, None] + torch.arange(values.shape[1], device=start.device)
+        self.tokens.scatter_(1, index.clamp(max=self.tokens.shape[1] - 1), values)

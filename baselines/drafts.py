@@ -1,0 +1,214 @@
+"""Draft sources: where the L draft tokens of each verification come from.
+
+A source is a config object (validated at construction) with `length` (L, drafts per
+verification) and `start(ctx, canvas) -> DraftRun`, the per-call state. A run proposes drafts for
+raster positions n_b .. n_b + L - 1 of every row (`propose`) and sees each verification's outcome
+(`observe`, called once the canvas is committed and advanced). Randomness comes only from
+`ctx.gens`, a fixed number of draws per image per step.
+
+Sources: `jacobi` (SJD: the target's own guesses from its previous forward) and `model` (a
+separate drafter at the target's resolution, gamma sequential drafter forwards). MuLo-SD's
+`lowres` source fits the same contract: draft whole low-res rows with the half-resolution
+`drafter`, up-sample them to a block of L high-res tokens, and return q = None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from baselines.canvas import Canvas, Context, feed_positions
+from baselines.scope import Resolution
+from harness.sampling import probs, sample_from
+
+JACOBI_INITS = ("random", "left", "above")
+DRAFTER_ROLES = ("small_drafter", "drafter")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """tokens [B, L] int64; q [B, L, V] the distribution each was drawn from, or None when the
+    drafts are deterministic given earlier randomness (q = one-hot); drafter forwards it took."""
+
+    tokens: Tensor
+    q: Tensor | None
+    drafter_forwards: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One verification, as the loop saw it: start [B] (frontier before the step), p [B, L+1, V]
+    (target distributions at offsets 0..L), samples [B, L+1] (one token drawn per offset: from the
+    residual at `res.first`, from p elsewhere) and the scope's resolution."""
+
+    start: Tensor
+    p: Tensor
+    samples: Tensor
+    res: Resolution
+
+
+class DraftRun(Protocol):
+    prefill_forwards: int  # drafter forwards spent in `start` (counted once per image)
+
+    def propose(self, canvas: Canvas) -> Draft: ...
+
+    def observe(self, canvas: Canvas, outcome: Outcome) -> None: ...
+
+
+class DraftSource(Protocol):
+    name: str
+    length: int
+
+    def start(self, ctx: Context, canvas: Canvas) -> DraftRun: ...
+
+
+def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
+    """tokens [B, L] -> [B, L, V] float one-hot."""
+    return torch.zeros(*tokens.shape, vocab, device=tokens.device).scatter_(-1, tokens[..., None], 1.0)
+
+
+# ----------------------------------------------------------------------------- jacobi (SJD)
+class JacobiDraft:
+    """`jacobi` (Speculative Jacobi Decoding, Teng et al., ICLR 2025): the drafts for positions
+    n .. n+L-1 are the tokens the target itself sampled there in its previous forward (q = the p
+    they were sampled from); positions it has not reached yet are initialised by `init`.
+
+    Args:
+        window: L, drafts verified per target forward (the forward takes L + 1 tokens; SJD's
+            reference counts the committed token in its window of 16).
+        init: guesses for positions never reached: "random" (uniform token, q = uniform; SJD on
+            Lumina-mGPT), "left" (the token to the left in raster order, SJD's repeat_horizon) or
+            "above" (the committed token one row up, else random; SJD's "vertical repeat").
+    """
+
+    name = "jacobi"
+
+    def __init__(self, window: int = 16, init: str = "random") -> None:
+        if int(window) != window or window < 1:
+            raise ValueError(f"decoder draft.window must be an integer >= 1, got {window!r}")
+        if init not in JACOBI_INITS:
+            raise ValueError(f"decoder draft.init must be one of {JACOBI_INITS}, got {init!r}")
+        self.length = int(window)
+        self.init = init
+
+    def start(self, ctx: Context, canvas: Canvas) -> "_JacobiRun":
+        return _JacobiRun(self, ctx, canvas)
+
+
+class _JacobiRun:
+    prefill_forwards = 0
+
+    def __init__(self, source: JacobiDraft, ctx: Context, canvas: Canvas) -> None:
+        self.source, self.ctx = source, ctx
+        b, length = ctx.batch, source.length
+        nothing = torch.zeros(b, dtype=torch.long, device=ctx.device)
+        self.tokens, self.q = self._initialise(
+            canvas, torch.zeros(b, length, dtype=torch.long, device=ctx.device),
+            torch.zeros(b, length, ctx.vocab, device=ctx.device), carried=nothing)
+
+    def propose(self, canvas: Canvas) -> Draft:
+        return Draft(tokens=self.tokens, q=self.q)
+
+    def observe(self, canvas: Canvas, outcome: Outcome) -> None:
+        """Shift the window to the new frontier: slots that this forward sampled keep their sample
+        (q = the p it came from, conditioned on the old drafts, as in SJD); the rest start fresh."""
+        length = self.source.length
+        advance = outcome.res.advance  # [B]
+        src = (advance[:, None] + torch.arange(length, device=advance.device)).clamp(max=length)
+        carried = (length + 1 - advance).clamp(0, length)  # slots that have a sample
+        tokens = outcome.samples.gather(1, src)
+        q = outcome.p.gather(1, src[..., None].expand(-1, -1, outcome.p.shape[-1]))
+        self.tokens, self.q = self._initialise(canvas, tokens, q, carried)
+
+    def _initialise(self, canvas: Canvas, tokens: Tensor, q: Tensor,
+                    carried: Tensor) -> tuple[Tensor, Tensor]:
+        """Replace window slots >= carried [B] (raster positions frontier + slot) by `init`
+        guesses. One random token per slot is drawn on every call, used or not, so the number of
+        draws per image never depends on the batch."""
+        ctx, length, v = self.ctx, self.source.length, self.ctx.vocab
+        slot = torch.arange(length, device=ctx.device)
+        fresh = slot[None] >= carried[:, None]  # [B, L]
+        rand = torch.stack([torch.randint(v, (length,), generator=g, device=g.device) for g in ctx.gens])
+        rand = rand.to(ctx.device)
+        uniform = torch.full((v,), 1.0 / v, device=ctx.device).expand(*rand.shape, v)
+        if self.source.init == "random":
+            init, init_q = rand, uniform
+        elif self.source.init == "left":
+            # every fresh slot repeats the last known token: slot carried - 1, else committed n - 1
+            sampled = tokens.gather(1, (carried - 1).clamp_min(0)[:, None])[:, 0]
+            committed = canvas.tokens.gather(1, (canvas.frontier - 1).clamp_min(0)[:, None])[:, 0]
+            init = torch.where(carried > 0, sampled, committed)[:, None].expand(-1, length)
+            init_q = _one_hot(init, v)
+        else:  # "above": the committed token one row up, else a random one
+            up = canvas.frontier[:, None] + slot - ctx.grid[1]  # [B, L]
+            known = (up >= 0) & (up < canvas.frontier[:, None])
+            copied = canvas.tokens.gather(1, up.clamp_min(0))
+            init = torch.where(known, copied, rand)
+            init_q = torch.where(known[..., None], _one_hot(copied, v), uniform)
+        return torch.where(fresh, init, tokens), torch.where(fresh[..., None], init_q, q)
+
+
+# ----------------------------------------------------------------------------- model (SD, LANTERN)
+class ModelDraft:
+    """`model` (draft-model speculative decoding, Leviathan et al. / gpt-fast; LANTERN's drafter):
+    a separate AR model at the target's resolution samples gamma tokens, one drafter forward each,
+    with the target's sampling parameters (q = its p).
+
+    Args:
+        gamma: drafts per verification (the target forward takes gamma + 1 tokens).
+        model: which model of the bundle drafts: "small_drafter" (the small same-resolution model)
+            or "drafter" (only if it has the target's grid).
+    """
+
+    name = "model"
+
+    def __init__(self, gamma: int = 4, model: str = "small_drafter") -> None:
+        if int(gamma) != gamma or gamma < 1:
+            raise ValueError(f"decoder draft.gamma must be an integer >= 1, got {gamma!r}")
+        if model not in DRAFTER_ROLES:
+            raise ValueError(f"decoder draft.model must be one of {DRAFTER_ROLES}, got {model!r}")
+        self.length = int(gamma)
+        self.model = model
+
+    def start(self, ctx: Context, canvas: Canvas) -> "_ModelRun":
+        drafter = getattr(ctx.models, self.model)
+        if drafter is None:
+            raise ValueError(f"model bundle {ctx.models.name!r} has no {self.model}; draft.model must name a "
+                             f"model the bundle has (one of {DRAFTER_ROLES})")
+        if tuple(drafter.grid) != ctx.grid or drafter.vocab_size != ctx.vocab:
+            raise ValueError(f"draft.model={self.model} has grid {tuple(drafter.grid)} and vocabulary "
+                             f"{drafter.vocab_size}; the `model` source needs the target's {ctx.grid} and "
+                             f"{ctx.vocab} (a lower-resolution drafter is MuLo-SD's `lowres` source)")
+        return _ModelRun(self.length, drafter, ctx)
+
+
+class _ModelRun:
+    prefill_forwards = 1
+
+    def __init__(self, gamma: int, drafter, ctx: Context) -> None:  # drafter: ARImageModel
+        self.gamma, self.drafter, self.ctx = gamma, drafter, ctx
+        drafter.setup_cache(ctx.batch)
+        drafter.prefill(ctx.cond)
+
+    def propose(self, canvas: Canvas) -> Draft:
+        """gamma drafter forwards. The first re-feeds the last refeed + 1 committed tokens, which
+        covers every committed position whose drafter K/V is missing or stale (re-encoding a valid
+        one rewrites the same values)."""
+        ctx, n = self.ctx, canvas.frontier
+        width = ctx.refeed + 1
+        tokens, positions = canvas.read(n - width, width)
+        logits = self.drafter.forward(tokens, positions)[:, -1]  # predicts position n
+        drafts, qs = [], []
+        for j in range(self.gamma):
+            if j:
+                position = feed_positions(n + j - 1, ctx.n_tokens)[:, None]
+                logits = self.drafter.forward(drafts[-1][:, None], position)[:, 0]
+            q = probs(logits, ctx.sampling)
+            drafts.append(sample_from(q, ctx.gens))
+            qs.append(q)
+        return Draft(tokens=torch.stack(drafts, 1), q=torch.stack(qs, 1), drafter_forwards=self.gamma)
+
+    def observe(self, canvas: Canvas, outcome: Outcome) -> None:
+        """Nothing to do: the next proposal re-feeds what the drafter's cache lacks."""

@@ -1,0 +1,78 @@
+"""Per-image decode statistics accumulated on the device as [B] tensors (no host round trip per
+step) and turned into `DecodeStats` once, at the end of a `generate` call.
+
+Conventions (the speed evaluator reads them from stats.csv):
+- a forward counts once for every image of the batch that was still decoding;
+- the target's prefill is a target forward (it yields position 0), as in raster decoding, and a
+  drafter's prefill is a drafter forward;
+- `accepted_per_step[s]` = tokens committed by step s (accepted drafts plus the resampled or
+  bonus token; 1 for the prefill), so its sum is the image's token count and raster decoding
+  records [1] * N; a step is one target forward unless a resampler adds forwards to it;
+- `accepted` counts committed drafts, `resampled` tokens drawn after a rejection, `proposed` drafts
+  that were verified; `rejection_map` [rows, cols] counts rejections per position.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from harness.api import DecodeStats
+
+
+class StatsRecorder:
+    """Counters for a batch of B images on a rows x cols grid."""
+
+    def __init__(self, batch: int, grid: tuple[int, int], device: torch.device) -> None:
+        self.grid = grid
+        self.n_tokens = grid[0] * grid[1]
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        self.target = zeros.clone()
+        self.drafter = zeros.clone()
+        self.proposed = zeros.clone()
+        self.accepted = zeros.clone()
+        self.resampled = zeros.clone()
+        # one extra column collects writes for positions past the end (rows that finished)
+        self.rejections = torch.zeros(batch, self.n_tokens + 1, dtype=torch.long, device=device)
+        self._committed: list[Tensor] = []  # per target forward: tokens committed [B], -1 = idle
+
+    def forward(self, active: Tensor, committed: Tensor, target: int | Tensor = 1,
+                drafter: int | Tensor = 0) -> None:
+        """Record one step for rows active [B] bool: tokens committed [B], target and drafter
+        forwards it took (ints or [B])."""
+        act = active.long()
+        self.target += act * target
+        self.drafter += act * drafter
+        self._committed.append(torch.where(active, committed, torch.full_like(committed, -1)))
+
+    def drafts(self, active: Tensor, start: Tensor, proposed: Tensor, accepted: Tensor,
+               resampled: Tensor, rejected: Tensor) -> None:
+        """Record a verification: per-row counts [B] and the rejected draft offsets [B, L] (bool)
+        relative to the frontier `start` [B]."""
+        act = active.long()
+        self.proposed += act * proposed
+        self.accepted += act * accepted
+        self.resampled += act * resampled
+        index = start[:, None] + torch.arange(rejected.shape[1], device=start.device)
+        index = index.clamp(max=self.n_tokens)
+        self.rejections.scatter_add_(1, index, (rejected & active[:, None]).long())
+
+    def add_drafter(self, forwards: int) -> None:
+        """Drafter forwards outside the steps (e.g. its prefill), for every image."""
+        self.drafter += forwards
+
+    def finish(self, with_drafts: bool) -> list[DecodeStats]:
+        """One DecodeStats per image; `with_drafts` adds the rejection map (drafting decoders)."""
+        steps = torch.stack(self._committed, dim=1).cpu()  # [B, S]
+        target, drafter, proposed = self.target.tolist(), self.drafter.tolist(), self.proposed.tolist()
+        accepted, resampled = self.accepted.tolist(), self.resampled.tolist()
+        maps = self.rejections[:, : self.n_tokens].reshape(-1, *self.grid).cpu()
+        out = []
+        for b in range(steps.shape[0]):
+            row = steps[b]
+            out.append(DecodeStats(
+                target_forwards=target[b], drafter_forwards=drafter[b], tokens=self.n_tokens,
+                proposed=proposed[b], accepted=accepted[b], resampled=resampled[b],
+                accepted_per_step=row[row >= 0].tolist(),
+                rejection_map=maps[b].clone() if with_drafts else None,
+            ))
+        return out

@@ -1,0 +1,82 @@
+"""Rejection scopes: which drafts survive a verification, which position is sampled from the
+verification's own distributions, and which further positions need fresh target forwards.
+
+A scope turns accept [B, L] into a `Resolution` (all offsets relative to each row's frontier n_b):
+    keep      [B, L] bool  drafts committed as proposed;
+    rejected  [B, L] bool  rejections that count (the per-position rejection map);
+    first     [B] int64    the offset sampled from this verification (0..L): the first rejection,
+                           resampled from the rule's residual, or L (every draft accepted): the
+                           bonus token from p at offset L; committed only if it is < advance;
+    resample  [B, L] bool  further positions (never `first`) a `Resampler` must refill with new
+                           target forwards;
+    advance   [B] int64    how far the committed frontier moves;
+    kv_valid  [B] int64    offsets whose target K/V is final after the step (< kv_valid).
+`refeed` is the most committed-but-not-encoded tokens the next verification must feed before its
+drafts (raster: 1, the last committed token). MuLo-SD's `local(l)` scope keeps accepted drafts after
+the first rejection t0, marks the l-neighbourhoods of rejections at or after t0 for resampling,
+advances over the whole block and sets kv_valid = t0 (later K/V are stale), with refeed = L; its
+`serial` / island-`parallel` schedules are `Resampler`s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from baselines.canvas import Canvas, Context
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a verification commits (see the module docstring for every field)."""
+
+    keep: Tensor
+    rejected: Tensor
+    first: Tensor
+    resample: Tensor
+    advance: Tensor
+    kv_valid: Tensor
+
+
+class RejectionScope(Protocol):
+    name: str
+    refeed: int
+    needs_resampler: bool
+
+    def resolve(self, accept: Tensor, remaining: Tensor) -> Resolution:
+        """accept [B, L] bool, remaining [B] = N - n_b (positions left per row) -> Resolution."""
+        ...
+
+
+class Resampler(Protocol):
+    """Refills `resample` positions with target forwards (MuLo-SD's resampling schedules)."""
+
+    name: str
+
+    def fill(self, ctx: Context, canvas: Canvas, res: Resolution) -> tuple[Resolution, Tensor]:
+        """Write new tokens at the resample positions of `canvas` (offsets from its frontier,
+        which is not yet advanced); return the resolution with kv_valid updated and the target
+        forwards [B] it took."""
+        ...
+
+
+class RasterScope:
+    """`raster`: accept the longest run of accepted drafts, resample the first rejection from the
+    residual (or take the bonus token when all were accepted), discard everything after."""
+
+    name = "raster"
+    refeed = 1
+    needs_resampler = False
+
+    def resolve(self, accept: Tensor, remaining: Tensor) -> Resolution:
+        length = accept.shape[1]
+        offsets = torch.arange(length, device=accept.device)
+        valid = offsets < remaining[:, None]
+        lead = (accept & valid).long().cumprod(-1).sum(-1)  # accepted run length [B]
+        keep = offsets < lead[:, None]
+        rejected = (offsets == lead[:, None]) & valid
+        advance = torch.minimum(lead + 1, remaining)
+        return Resolution(keep=keep, rejected=rejected, first=lead, resample=torch.zeros_like(keep),
+                          advance=advance, kv_valid=lead)

@@ -1,0 +1,138 @@
+"""The speculative decoding loop, written once: propose -> verify in one target forward -> decide
+-> resolve (-> resample) -> commit. Methods are compositions of pieces chosen in config:
+
+    sjd      = jacobi draft + exact rule   + raster scope
+    sd       = model draft  + exact rule   + raster scope
+    lantern  = model draft  + lantern rule + raster scope
+    (MuLo-SD = lowres draft + pooled_threshold rule + local(l) scope + serial/parallel resampler)
+
+One step, for every batch row b at its own frontier n_b (the loop never branches on a row):
+1. the draft run proposes L tokens for positions n_b .. n_b+L-1 (and their q);
+2. one target forward over the committed-but-unencoded tokens (fed_b .. n_b-1) and the drafts
+   gives p [B, L+1, V] for positions n_b .. n_b+L (offset L: the bonus distribution);
+3. the rule turns (p, q, drafts, uniforms) into accept [B, L] and residuals;
+4. the scope turns accept into a Resolution (kept drafts, the offset `first` to sample, advance);
+5. one token is sampled at every offset (residual at `first`, p elsewhere; the jacobi source
+   keeps the others as its next guesses); the token at `first` is committed;
+6. an optional resampler refills further positions (MuLo-SD), then the frontiers advance.
+Finished rows ride along on the scratch slot (baselines/canvas.py) and draw random numbers that
+no longer matter, so every image sees the same draws whatever its batch.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from baselines.acceptance import AcceptanceRule
+from baselines.canvas import Canvas, Context
+from baselines.drafts import Draft, DraftRun, DraftSource, Outcome
+from baselines.recorder import StatsRecorder
+from baselines.scope import RasterScope, RejectionScope, Resampler, Resolution
+from harness.api import Condition, Generation, ModelBundle, SamplingParams
+from harness.sampling import probs, sample, sample_from, uniforms
+from harness.seeding import make_generators
+
+log = logging.getLogger(__name__)
+
+
+class SpeculativeDecoder:
+    """Draft-verify decoding from a draft source, an acceptance rule and a rejection scope.
+
+    Args:
+        sampling: how logits become p, for the target and every drafter.
+        draft: a DraftSource (baselines/drafts.py).
+        accept: an AcceptanceRule (baselines/acceptance.py).
+        scope: a RejectionScope (baselines/scope.py); default `raster`.
+        resampler: refills the positions a scope marks for resampling (scopes with
+            `needs_resampler`); none of the baselines needs one.
+        name: decoder label; default "<draft>+<rule>+<scope>".
+    """
+
+    def __init__(self, sampling: SamplingParams, draft: DraftSource, accept: AcceptanceRule,
+                 scope: RejectionScope | None = None, resampler: Resampler | None = None,
+                 name: str | None = None) -> None:
+        self.sampling = sampling
+        self.draft = draft
+        self.accept = accept
+        self.scope = scope if scope is not None else RasterScope()
+        self.resampler = resampler
+        if self.scope.needs_resampler and resampler is None:
+            raise ValueError(f"rejection scope {self.scope.name!r} marks positions for resampling: "
+                             "set the decoder's `resampler`")
+        self.name = name or f"{draft.name}+{accept.name}+{self.scope.name}"
+
+    @torch.inference_mode()
+    def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
+        """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
+        target = models.target
+        gens = make_generators(seeds, "cpu")
+        target.setup_cache(len(gens))
+        logits = target.prefill(cond)  # [B, V]: position 0
+        ctx = Context(models=models, cond=cond, sampling=self.sampling, gens=gens, device=logits.device,
+                      refeed=self.scope.refeed)
+        n = ctx.n_tokens
+        canvas = Canvas.empty(ctx.batch, n, pad=self.draft.length + self.scope.refeed + 1, device=ctx.device)
+        canvas.tokens[:, 0] = sample(logits, self.sampling, gens).to(ctx.device)
+        canvas.frontier.fill_(1)
+        rec = StatsRecorder(ctx.batch, ctx.grid, ctx.device)
+        rec.forward(torch.ones_like(canvas.active), torch.ones_like(canvas.frontier))  # the prefill
+        run = self.draft.start(ctx, canvas)
+        rec.add_drafter(run.prefill_forwards)
+        while bool(canvas.active.any()):  # the one host sync per step
+            self._step(ctx, canvas, run, rec)
+        return Generation(tokens=canvas.tokens[:, :n].clone(), stats=rec.finish(with_drafts=True))
+
+    def _step(self, ctx: Context, canvas: Canvas, run: DraftRun, rec: StatsRecorder) -> None:
+        start, active = canvas.frontier.clone(), canvas.active
+        remaining = ctx.n_tokens - start
+        draft = run.propose(canvas)
+        canvas.write(start, draft.tokens)
+        p = self._verify(ctx, canvas, draft)  # [B, L+1, V]
+        length = draft.tokens.shape[1]
+        u = uniforms(ctx.gens, (length,), ctx.device)
+        verdict = self.accept.decide(p[:, :length], draft.q, draft.tokens, u, ctx)
+        res = self.scope.resolve(verdict.accept, remaining)
+        samples = self._sample(ctx, p, verdict.residual, res.first)
+        canvas.write(start + res.first, samples.gather(1, res.first[:, None]))
+        extra = torch.zeros_like(start)
+        if self.resampler is not None:
+            res, extra = self.resampler.fill(ctx, canvas, res)
+        canvas.fed = torch.where(active, start + res.kv_valid, canvas.fed)
+        canvas.frontier = torch.where(active, start + res.advance, start)
+        run.observe(canvas, Outcome(start=start, p=p, samples=samples, res=res))
+        self._record(rec, active, start, draft, res, extra)
+
+    def _verify(self, ctx: Context, canvas: Canvas, draft: Draft) -> Tensor:
+        """One target forward over canvas[fed .. frontier + L - 1] (width refeed + L, fixed) ->
+        p [B, L+1, V] for positions frontier .. frontier + L."""
+        length = draft.tokens.shape[1]
+        tokens, positions = canvas.read(canvas.fed, self.scope.refeed + length)
+        logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
+        offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b
+        index = offset[:, None] + torch.arange(length + 1, device=offset.device)
+        index = index.clamp(max=logits.shape[1] - 1)
+        picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+        return probs(picked, ctx.sampling)
+
+    @staticmethod
+    def _sample(ctx: Context, p: Tensor, residual: Tensor, first: Tensor) -> Tensor:
+        """One token per offset 0..L [B, L+1]: from the residual at offset `first` (the bonus p
+        when first = L), from p elsewhere; L + 1 uniforms per image."""
+        length = residual.shape[1]
+        at_first = torch.arange(length + 1, device=first.device)[None] == first[:, None]
+        dist = torch.where(at_first[..., None], torch.cat([residual, p[:, length:]], 1), p)
+        return sample_from(dist, ctx.gens)
+
+    @staticmethod
+    def _record(rec: StatsRecorder, active: Tensor, start: Tensor, draft: Draft, res: Resolution,
+                extra: Tensor) -> None:
+        length = draft.tokens.shape[1]
+        valid = torch.arange(length, device=start.device)[None] < (rec.n_tokens - start)[:, None]
+        at_first = res.rejected.gather(1, res.first.clamp(max=length - 1)[:, None])[:, 0]
+        first_rejected = at_first & (res.first < length)
+        rec.forward(active, res.advance, target=1 + extra, drafter=draft.drafter_forwards)
+        rec.drafts(active, start, proposed=valid.sum(-1), accepted=res.keep.sum(-1),
+                   resampled=first_rejected.long() + res.resample.sum(-1), rejected=res.rejected)

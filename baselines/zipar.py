@@ -1,0 +1,130 @@
+"""ZipAR (He et al., ICML 2025): spatially-local parallel decoding of a raster AR model, training-
+free and without verification (so not distribution-preserving).
+
+Row 0 is decoded raster-style; row r+1 starts once row r holds `window` tokens; each target forward
+then decodes one token in every active row, at its global raster position. Forward t (the prefill
+is forward 0) decodes column t - r * window of every row r where that is in [0, cols), so an image
+takes (rows - 1) * window + cols forwards instead of rows * cols; window = cols is raster decoding.
+
+The output at slot i predicts position i + 1, so the first token of row r is predicted from slot
+(r-1, cols-1), the end of the row above, which is not decoded yet when window < cols. As in
+ZipAR's reference code, a stand-in token is fed there (here: the newest token of row r-1), and the
+real token overwrites that slot once it exists (a "closing" input of the next forward).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from baselines.recorder import StatsRecorder
+from harness.api import Condition, Generation, ModelBundle, SamplingParams
+from harness.sampling import sample
+from harness.seeding import make_generators
+
+MASKS = ("written", "causal")
+
+
+@dataclass(frozen=True)
+class ZipStep:
+    """One forward: input slots [T] and the raster positions whose tokens they carry [T] (the
+    slot's own token, or a stand-in); decoded positions [D] and the input predicting each [D]."""
+
+    slots: Tensor
+    sources: Tensor
+    decoded: Tensor
+    from_input: Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def zipar_schedule(rows: int, cols: int, window: int) -> tuple[ZipStep, ...]:
+    """The forwards after the prefill (which decodes position 0) for a rows x cols grid."""
+    window = min(window, cols)
+    done_at = {(r, c): r * window + c for r in range(rows) for c in range(cols)}  # forward decoding (r, c)
+    steps = []
+    for t in range(1, (rows - 1) * window + cols):
+        inputs: dict[int, int] = {}  # slot -> source position
+        decoded, from_slot = [], []
+        for r in range(rows):
+            c = t - r * window
+            if not 0 <= c < cols:
+                continue
+            slot = r * cols + c - 1  # the slot whose output predicts (r, c)
+            if c == 0 and done_at[(r - 1, cols - 1)] >= t:  # the row above is not finished
+                inputs[slot] = (r - 1) * cols + (t - 1 - (r - 1) * window)  # its newest token
+            else:
+                inputs[slot] = slot
+            decoded.append(r * cols + c)
+            from_slot.append(slot)
+        for r in range(rows - 1):  # closing: a row's last token replaces the stand-in below it
+            last = r * cols + cols - 1
+            if done_at[(r, cols - 1)] == t - 1 and (r + 1) * window < t and last not in inputs:
+                inputs[last] = last
+        slots = sorted(inputs)
+        steps.append(ZipStep(
+            slots=torch.tensor(slots), sources=torch.tensor([inputs[s] for s in slots]),
+            decoded=torch.tensor(decoded), from_input=torch.tensor([slots.index(s) for s in from_slot]),
+        ))
+    return tuple(steps)
+
+
+class ZipARDecoder:
+    """`zipar`: parallel decoding with a row-start `window`.
+
+    Args:
+        sampling: how logits become p (the same as every decoder).
+        window: tokens row r must hold before row r+1 starts (>= 1; >= cols is raster decoding).
+        mask: "written": each query attends to the prefix and to the slots at or before its own
+            that hold a token (decoded, or a stand-in); "causal": the plain slot-causal mask, so
+            queries also see the empty (zero) slots of unfinished rows, as LlamaGen-ZipAR does.
+    """
+
+    def __init__(self, sampling: SamplingParams, window: int = 16, mask: str = "written",
+                 name: str | None = None) -> None:
+        if int(window) != window or window < 1:
+            raise ValueError(f"decoder zipar window must be an integer >= 1, got {window!r}")
+        if mask not in MASKS:
+            raise ValueError(f"decoder zipar mask must be one of {MASKS}, got {mask!r}")
+        self.sampling = sampling
+        self.window = int(window)
+        self.mask = mask
+        self.name = name or f"zipar(window={self.window})"
+
+    @torch.inference_mode()
+    def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
+        """cond of batch B, seeds [B] -> tokens [B, rows*cols]; the schedule is the same for every
+        image, so rows of the batch share positions and masks."""
+        model = models.target
+        rows, cols = model.grid
+        n = rows * cols
+        gens = make_generators(seeds, "cpu")
+        b = len(gens)
+        model.setup_cache(b)
+        logits = model.prefill(cond)
+        device = logits.device
+        tokens = torch.zeros(b, n, dtype=torch.long, device=device)
+        tokens[:, 0] = sample(logits, self.sampling, gens).to(device)
+        rec = StatsRecorder(b, (rows, cols), device)
+        everyone = torch.ones(b, dtype=torch.bool, device=device)
+        rec.forward(everyone, torch.ones(b, dtype=torch.long, device=device))
+        written = torch.zeros(model.cache_len, dtype=torch.bool, device=device)
+        prefix = model.cache_len - n
+        written[:prefix] = True
+        for step in zipar_schedule(rows, cols, self.window):
+            slots = step.slots.to(device)
+            written[prefix + slots] = True
+            mask = None if self.mask == "causal" else self._mask(written, prefix + slots, b)
+            out = model.forward(tokens[:, step.sources.to(device)], slots, mask)  # [B, T, V]
+            picked = out[:, step.from_input.to(device)]  # [B, D, V]
+            tokens[:, step.decoded.to(device)] = sample(picked, self.sampling, gens).to(device)
+            rec.forward(everyone, torch.full((b,), len(step.decoded), dtype=torch.long, device=device))
+        return Generation(tokens=tokens, stats=rec.finish(with_drafts=False))
+
+    @staticmethod
+    def _mask(written: Tensor, query_slots: Tensor, batch: int) -> Tensor:
+        """written [S] bool, query cache slots [T] -> [B, T, S]: written slots at or before each query."""
+        causal = torch.arange(written.shape[0], device=written.device)[None] <= query_slots[:, None]
+        return (causal & written[None]).expand(batch, -1, -1)

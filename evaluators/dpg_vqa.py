@@ -1,0 +1,92 @@
+"""VQA backends for DPG-Bench: answer yes/no questions about images.
+
+`mplug` is the official model (ModelScope `damo/mplug_visual-question-answering_coco_large_en`, now
+also `iic/...`; heavy, version-sensitive stack: modelscope + its requirements, lazily imported).
+`hf` is a transformers visual-question-answering pipeline (default `Salesforce/blip-vqa-base`): a
+clearly named variant whose scores are not the official DPG-Bench numbers.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Protocol, Sequence
+
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+
+MPLUG_MODEL = "damo/mplug_visual-question-answering_coco_large_en"
+HF_MODEL = "Salesforce/blip-vqa-base"
+
+
+class VQABackend(Protocol):
+    """name: identifies model and settings in `evaluator_version`."""
+
+    name: str
+
+    def answer(self, image: np.ndarray, questions: Sequence[str]) -> list[str]:
+        """image uint8 [H, W, 3] and questions -> one raw answer string per question."""
+        ...
+
+
+class MplugVQA:
+    """The official DPG-Bench VQA model through ModelScope (lazy import; GPU recommended)."""
+
+    def __init__(self, model: str = MPLUG_MODEL, device: str = "auto") -> None:
+        self.model_id, self.device = model, device
+        self.name = f"mplug:{model.split('/')[-1]}"
+        self._pipe = None
+
+    def _pipeline(self):
+        if self._pipe is None:
+            try:
+                from modelscope.pipelines import pipeline
+                from modelscope.utils.constant import Tasks
+            except ImportError as exc:
+                raise ImportError(
+                    "the mplug VQA backend needs ModelScope and its multimodal requirements (see ELLA's "
+                    "requirements-for-dpg_bench.txt: modelscope, fairseq, decord, ...); install them, or use "
+                    "vqa: hf (a named variant, not the official score)") from exc
+            kwargs = {} if self.device == "auto" else {"device": self.device}
+            try:
+                self._pipe = pipeline(Tasks.visual_question_answering, model=self.model_id, **kwargs)
+            except Exception as exc:
+                raise FileNotFoundError(
+                    f"could not load ModelScope model {self.model_id} ({exc}). Pre-download it on a connected machine "
+                    f"with `modelscope download --model {self.model_id}` and copy ~/.cache/modelscope") from exc
+        return self._pipe
+
+    def answer(self, image: np.ndarray, questions: Sequence[str]) -> list[str]:
+        pipe, pil = self._pipeline(), Image.fromarray(image)
+        return [str(pipe({"image": pil, "question": q})["text"]) for q in questions]
+
+
+class HFVQA:
+    """A transformers visual-question-answering pipeline (named variant)."""
+
+    def __init__(self, model: str = HF_MODEL, device: str = "auto", batch_size: int = 16) -> None:
+        self.model_id, self.device, self.batch_size = model, device, batch_size
+        self.name = f"hf:{model}"
+        self._pipe = None
+
+    def _pipeline(self):
+        if self._pipe is None:
+            try:
+                from transformers import pipeline
+            except ImportError as exc:
+                raise ImportError("the hf VQA backend needs `pip install transformers`") from exc
+            import torch
+
+            device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+            try:
+                self._pipe = pipeline("visual-question-answering", model=self.model_id, device=device)
+            except OSError as exc:
+                raise FileNotFoundError(
+                    f"could not load {self.model_id} ({exc}); pre-download it with `huggingface-cli download "
+                    f"{self.model_id}` and set HF_HUB_OFFLINE=1 on offline nodes") from exc
+        return self._pipe
+
+    def answer(self, image: np.ndarray, questions: Sequence[str]) -> list[str]:
+        pipe, pil = self._pipeline(), Image.fromarray(image)
+        out = pipe([{"image": pil, "question": q} for q in questions], batch_size=self.batch_size, top_k=1)
+        return [str((o[0] if isinstance(o, list) else o)["answer"]) for o in out]

@@ -1,0 +1,201 @@
+"""FID and KID of a SampleSet against a reference image set, on torch-fidelity.
+
+Protocol (recorded in `version` and in the statistics cache key):
+1. every image, generated or reference, is centre-cropped to a square (its shorter side) and
+   resized to `resolution` (default 256) with PIL Lanczos (GigaGAN / LlamaGen evaluation
+   convention); generated images are read from the SampleSet's PNGs;
+2. torch-fidelity's InceptionV3 (TF 2015-12-05 weights, see fid_features) on uint8 input: TF1
+   bilinear resize to 299 inside, pool3 2048-d features;
+3. FID = torch-fidelity's `fid_statistics_to_metric` on float64 mean/covariance; KID =
+   `kid_features_to_metric` (polynomial kernel, `kid_subsets` subsets of `kid_subset_size`,
+   fixed rng seed).
+
+Reference features are cached under `<cache_dir>/<key>.npz`, key = sha256 of (reference
+fingerprint, preprocessing, extractor version): the 5,000 COCO val2017 images are embedded once.
+FID from few images is biased upwards: compare numbers only at the same N and reference set.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from evaluators.fid_features import FEATURE, build_extractor, choose_weights
+from evaluators.fid_reference import ReferenceSet, reference_set
+from harness.api import EvalResult, metric_rows
+from harness.downloads import cache_root
+from harness.samples import SampleSet
+
+log = logging.getLogger(__name__)
+
+VERSION = "1"
+PER_SAMPLE_COLUMNS = ("sample_id", "prompt_id", "height", "width")
+
+
+def center_crop_resize(image: np.ndarray, resolution: int | None) -> np.ndarray:
+    """uint8 [H, W, 3] -> uint8 [R, R, 3]: centre square crop, PIL Lanczos resize (None: crop only)."""
+    height, width = image.shape[:2]
+    side = min(height, width)
+    top, left = (height - side) // 2, (width - side) // 2
+    crop = image[top:top + side, left:left + side]
+    if resolution is None or side == resolution:
+        return np.ascontiguousarray(crop)
+    return np.asarray(Image.fromarray(crop).resize((resolution, resolution), Image.LANCZOS), dtype=np.uint8)
+
+
+def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
+    """FID between two feature sets [N, D] via torch-fidelity (float64 statistics)."""
+    from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_statistics_to_metric
+
+    stats = [{"mu": f.astype(np.float64).mean(axis=0), "sigma": np.cov(f.astype(np.float64), rowvar=False)}
+             for f in (feats_a, feats_b)]
+    return float(fid_statistics_to_metric(stats[0], stats[1], verbose=False)[KEY_METRIC_FID])
+
+
+def kernel_distance(feats_a: np.ndarray, feats_b: np.ndarray, subsets: int, subset_size: int,
+                    seed: int = 2020) -> tuple[float, float]:
+    """KID (mean, std over subsets) via torch-fidelity; subset size capped at the smaller set."""
+    from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
+
+    size = min(subset_size, len(feats_a), len(feats_b))
+    out = kid_features_to_metric(torch.from_numpy(feats_a.astype(np.float64)),
+                                 torch.from_numpy(feats_b.astype(np.float64)),
+                                 kid_subsets=subsets, kid_subset_size=size, rng_seed=seed, verbose=False)
+    return float(out[KEY_METRIC_KID_MEAN]), float(out[KEY_METRIC_KID_STD])
+
+
+class FIDEvaluator:
+    """FID (+ KID) of a SampleSet against a reference set.
+
+    Args:
+        name: evaluator name.
+        reference: "coco_val2017" (the 5,000 val2017 images: `reference_path` = folder or
+            val2017.zip; unset = download the official zip), "folder" (any folder / zip) or "shapes"
+            (ground-truth renders of the SampleSet's own shapes-world prompts).
+        reference_path: see `reference`.
+        resolution: side after centre crop + Lanczos resize (null: crop only).
+        weights_source, weights_path: Inception weights (fid_features.choose_weights).
+        kid, kid_subsets, kid_subset_size: KID alongside FID.
+        batch_size, device, show_progress: feature extraction (device "auto" = cuda if available).
+        cache, cache_dir: reference feature cache (default $MULO_BENCH_CACHE/fid).
+        shapes_seed_offset: seed offset of the shapes ground-truth scenes.
+    """
+
+    def __init__(self, name: str = "fid", reference: str = "coco_val2017", reference_path: str | None = None,
+                 resolution: int | None = 256, weights_source: str = "auto", weights_path: str | None = None,
+                 kid: bool = True, kid_subsets: int = 100, kid_subset_size: int = 1000, batch_size: int = 32,
+                 device: str = "auto", cache: bool = True, cache_dir: str | None = None,
+                 show_progress: bool = True, shapes_seed_offset: int = 1) -> None:
+        if batch_size < 1:
+            raise ValueError(f"fid batch_size must be >= 1, got {batch_size}")
+        self.name = name
+        self.reference, self.reference_path = reference, reference_path
+        self.resolution = resolution
+        self.weights = choose_weights(weights_source, weights_path)
+        self.kid, self.kid_subsets, self.kid_subset_size = kid, kid_subsets, kid_subset_size
+        self.batch_size = batch_size
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if device == "auto" else device))
+        self.cache = cache
+        self.cache_dir = Path(cache_dir) if cache_dir else cache_root() / "fid"
+        self.show_progress = show_progress
+        self.shapes_seed_offset = shapes_seed_offset
+        self._extractor: torch.nn.Module | None = None
+        self._reference_tag = reference
+
+    @property
+    def protocol(self) -> str:
+        """Preprocessing + extractor, e.g. "crop-lanczos256/inception-tfid-6726825d"."""
+        return f"crop-lanczos{self.resolution or 'native'}/{self.weights.version}"
+
+    @property
+    def version(self) -> str:
+        """e.g. "fid-1/crop-lanczos256/inception-tfid-6726825d/ref=coco_val2017:5000/tfid-0.4.0"."""
+        import torch_fidelity
+
+        return f"fid-{VERSION}/{self.protocol}/ref={self._reference_tag}/tfid-{torch_fidelity.__version__}"
+
+    def evaluate(self, samples: SampleSet) -> EvalResult:
+        """FID / KID rows (lower is better) and a per-sample frame of what was measured."""
+        records = samples.records()
+        if records.empty:
+            raise ValueError(f"{samples} has no complete samples; run the generate stage first")
+        ids = records["sample_id"].tolist()
+        sizes: list[tuple[int, int]] = []
+
+        def load(i: int) -> np.ndarray:
+            image = samples.load_image(ids[i])  # raises naming the sample when missing / corrupt
+            sizes.append(image.shape[:2])
+            return image
+
+        ref = reference_set(self.reference, self.reference_path, samples, self.shapes_seed_offset)
+        generated = self.features(load, len(ids), f"{self.name} samples")
+        self._reference_tag = f"{ref.name}:{ref.count}"
+        reference = self.reference_features(ref)
+        rows = [{"metric": "fid", "value": frechet_distance(generated, reference), "n": len(ids),
+                 "higher_is_better": False}]
+        if self.kid:
+            mean, std = kernel_distance(generated, reference, self.kid_subsets, self.kid_subset_size)
+            rows.append({"metric": "kid", "value": mean, "stderr": std / math.sqrt(self.kid_subsets),
+                         "n": len(ids), "higher_is_better": False})
+        if len(ids) < 2048:
+            log.warning("%s: FID from %d images is strongly biased upwards (feature dim 2048); compare only "
+                        "runs with the same N", self.name, len(ids))
+        log.info("%s: FID %.3f over %d images vs %s (%s)", self.name, rows[0]["value"], len(ids),
+                 self._reference_tag, self.version)
+        per_sample = pd.DataFrame({"sample_id": ids, "prompt_id": records["prompt_id"].tolist(),
+                                   "height": [s[0] for s in sizes], "width": [s[1] for s in sizes]},
+                                  columns=list(PER_SAMPLE_COLUMNS))
+        return EvalResult(summary=metric_rows(rows), per_sample=per_sample)
+
+    def features(self, load: Callable[[int], np.ndarray], count: int, desc: str) -> np.ndarray:
+        """Features [count, 2048] float32 of images load(0..count-1), batched."""
+        extractor = self._get_extractor()
+        out = []
+        with tqdm(total=count, desc=desc, unit="img", disable=None if self.show_progress else True) as bar:
+            for start in range(0, count, self.batch_size):
+                stop = min(start + self.batch_size, count)
+                batch = np.stack([center_crop_resize(load(i), self.resolution) for i in range(start, stop)])
+                tensor = torch.from_numpy(batch).permute(0, 3, 1, 2).contiguous().to(self.device)
+                with torch.no_grad():
+                    (feats,) = extractor(tensor)
+                out.append(feats.float().cpu().numpy())
+                bar.update(stop - start)
+        return np.concatenate(out)
+
+    def reference_features(self, ref: ReferenceSet) -> np.ndarray:
+        """Reference features, from the cache when this protocol has embedded this set before."""
+        key = hashlib.sha256(json.dumps([ref.fingerprint, ref.count, self.protocol]).encode()).hexdigest()[:24]
+        path = self.cache_dir / f"{ref.name}-{key}.npz"
+        if self.cache and path.is_file():
+            log.info("%s: reference features from cache %s", self.name, path)
+            return np.load(path)["features"]
+        feats = self.features(ref.load, ref.count, f"{self.name} reference {ref.name}")
+        if self.cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp.npz")
+            try:
+                np.savez(tmp, features=feats, protocol=self.protocol, fingerprint=ref.fingerprint)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return feats
+
+    def _get_extractor(self) -> torch.nn.Module:
+        if self._extractor is None:
+            self._extractor = build_extractor(self.weights, self.device)
+        return self._extractor
+
+
+__all__ = ["FIDEvaluator", "FEATURE", "center_crop_resize", "frechet_distance", "kernel_distance"]

@@ -1,0 +1,153 @@
+"""LlamaGen T2I: official key layout, strict save/reload through the real loader, clear errors,
+caption padding handling, LlamaGen's zero rotary table on the caption slots, CFG null rows."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.models.condition import TextCondition
+from harness.models.gpt import GPT, rope_2d_table
+from harness.models.hub import WeightsError, resolve
+from harness.models.llamagen import gpt_config
+from harness.models.t5_captions import CaptionConditioner, TinyTextEncoder, clean_caption, left_pad
+from harness.run import _build
+from tests.conftest import compose_cfg
+from tests.official_keys import diff, keys_of, recorded
+
+
+@pytest.mark.parametrize("grid", [16, 32])
+def test_full_size_gpt_keys_equal_the_official_fixture(grid: int) -> None:
+    with torch.device("meta"):
+        gpt = GPT(gpt_config(grid, {}))
+    assert diff(keys_of(gpt), recorded("llamagen_gpt_xl_t2i.txt")) == ""
+
+
+def _tiny(overrides: list[str] | None = None):
+    cfg = compose_cfg(["model=llamagen_tiny", *(overrides or [])])
+    return cfg, _build(cfg.model, drop=("name", "sampling"))
+
+
+def _save_official(bundle, cfg, folder: Path) -> None:
+    """Write the tiny bundle as LlamaGen releases its files: {'model': state_dict} in .pt files."""
+    torch.save({"model": bundle.target.gpt.state_dict()}, folder / cfg.model.target_file)
+    torch.save({"model": bundle.drafter.gpt.state_dict()}, folder / cfg.model.drafter_file)
+    torch.save({"model": bundle.small_drafter.gpt.state_dict()}, folder / cfg.model.small_drafter_file)
+    torch.save({"model": bundle.target.tokenizer.state_dict(), "args": __import__("argparse").Namespace(x=1)},
+               folder / cfg.model.vq_file)
+
+
+@torch.inference_mode()
+def test_tiny_official_files_reload_strictly_through_the_loader(tmp_path: Path) -> None:
+    cfg, random = _tiny()
+    _save_official(random, cfg, tmp_path)
+    _, loaded = _tiny(["model.random_init=false", f"model.local_dir={tmp_path}", "model.seed=5"])
+    for a, b in [(random.target, loaded.target), (random.drafter, loaded.drafter),
+                 (random.small_drafter, loaded.small_drafter)]:
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    cond = loaded.condition(["a red cube", "two green spheres on a table"])
+    loaded.target.setup_cache(2)
+    random.target.setup_cache(2)
+    torch.testing.assert_close(loaded.target.prefill(cond), random.target.prefill(cond))
+    assert loaded.drafter.grid == (2, 2) and loaded.target.grid == (4, 4)
+
+
+def test_mismatched_checkpoint_names_file_and_keys(tmp_path: Path) -> None:
+    cfg, random = _tiny()
+    _save_official(random, cfg, tmp_path)
+    sd = random.target.gpt.state_dict()
+    sd.pop("norm.weight")
+    sd["extra.weight"] = torch.zeros(1)
+    torch.save({"model": sd}, tmp_path / cfg.model.target_file)
+    with pytest.raises(Exception) as err:  # Hydra wraps the loader's WeightsError, keeping its text
+        _tiny(["model.random_init=false", f"model.local_dir={tmp_path}"])
+    msg = str(err.value)
+    assert "WeightsError" in msg and str(tmp_path / cfg.model.target_file) in msg
+    assert "norm.weight" in msg and "extra.weight" in msg
+
+
+def test_missing_local_file_and_download_errors_say_how_to_fetch(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(WeightsError) as err:
+        resolve("peizesun/llamagen_t2i", "vq_ds16_t2i.pt", str(tmp_path))
+    assert "vq_ds16_t2i.pt" in str(err.value)
+    assert "huggingface-cli download peizesun/llamagen_t2i" in str(err.value)
+    import huggingface_hub
+
+    def offline(**kwargs):
+        raise OSError("offline: no network")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(WeightsError) as err:
+        resolve("peizesun/llamagen_t2i", "t2i_XL_stage2_512.pt")
+    msg = str(err.value)
+    assert "peizesun/llamagen_t2i" in msg and "t2i_XL_stage2_512.pt" in msg and "pre-download" in msg
+
+
+def test_left_padding_moves_valid_tokens_last_and_zeroes_padding() -> None:
+    feats = torch.arange(2 * 4 * 1, dtype=torch.float32).view(2, 4, 1) + 1
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    out, keep = left_pad(feats, mask)
+    assert out[0, :, 0].tolist() == [0, 0, 1, 2] and out[1, :, 0].tolist() == [5, 6, 7, 8]
+    assert keep.tolist() == [[False, False, True, True], [True] * 4]
+    conditioner = CaptionConditioner(TinyTextEncoder(dim=8, max_length=6))
+    cond = conditioner(["a b", "one two three four five six seven"])
+    assert cond.mask.sum(1).tolist() == [3, 6]  # 2 words + EOS; truncated to 5 words + EOS
+    assert cond.text.features[0, :3].abs().sum() == 0
+
+
+def test_clean_caption_normalises_like_llamagen() -> None:
+    assert clean_caption("  A Photo of a CAT!!  http://x.com/a.png ") == "a photo of a cat!!"
+    assert clean_caption("red,blue") == "red, blue"
+
+
+def _gpt() -> GPT:
+    torch.manual_seed(0)
+    gpt = GPT(gpt_config(4, {"dim": 32, "n_layer": 2, "n_head": 2, "caption_dim": 8, "prefix_len": 6,
+                             "vocab_size": 32, "multiple_of": 16})).eval()
+    torch.nn.init.normal_(gpt.output.weight, std=0.3)
+    return gpt
+
+
+def test_caption_slots_get_llamagens_zero_rotary_table() -> None:
+    table = rope_2d_table((4, 4), 16, 10000.0, 6, "zero")
+    assert table[:6].abs().sum() == 0
+    # image slots: LlamaGen's 2-D layout, recomputed here from its definition
+    half = 8
+    freqs = 1.0 / (10000 ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    r, c = 2, 3
+    angles = torch.cat([r * freqs, c * freqs])
+    torch.testing.assert_close(table[6 + r * 4 + c], torch.stack([angles.cos(), angles.sin()], -1))
+
+
+@torch.inference_mode()
+def test_padded_caption_slots_are_invisible_and_incremental_equals_full() -> None:
+    gpt = _gpt()
+    feats = torch.randn(2, 6, 8)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    cond = TextCondition(null=torch.zeros(2, dtype=torch.bool), features=feats * mask[..., None])
+    toks = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(3))
+    full = gpt.forward_train(cond, toks, prefix_mask=mask)
+    gpt.setup_cache(2)
+    steps = [gpt.prefill(cond, prefix_mask=mask)]
+    steps += [gpt.forward_cached(toks[:, i : i + 1], torch.tensor([i]))[:, 0] for i in range(15)]
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=0)
+    # garbage in the padded slots changes nothing
+    garbage = 5 * (~mask)[..., None] * torch.randn(2, 6, 8)
+    noisy = TextCondition(null=cond.null, features=cond.features + garbage)
+    torch.testing.assert_close(gpt.forward_train(noisy, toks, prefix_mask=mask), full, atol=1e-5, rtol=0)
+    # without the mask they would matter (the mask is really applied)
+    assert not torch.allclose(gpt.forward_train(noisy, toks), full, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_null_rows_use_the_learned_unconditional_embedding() -> None:
+    gpt = _gpt()
+    feats = torch.randn(1, 6, 8)
+    gpt.setup_cache(1)
+    null = gpt.prefill(TextCondition(null=torch.ones(1, dtype=torch.bool), features=feats))
+    gpt.setup_cache(1)
+    uncond = gpt.cls_embedding.uncond_embedding[None]
+    ref = gpt.prefill(TextCondition(null=torch.zeros(1, dtype=torch.bool), features=uncond))
+    torch.testing.assert_close(null, ref)
