@@ -65,7 +65,7 @@ class Encoder(nn.Module):
         layers += [nn.Conv2d(c0, c1, 3, stride=2, padding=1)]
         layers += [ResBlock(c1) for _ in range(res_blocks)]
         layers += [nn.Conv2d(c1, c2, 3, stride=2, padding=1)]
-        layers += [ResBlock(c2) for _ in range(res_blocks)]
+        layers += [ResBlock(c2) for _ in range(res_blocks + 1)]
         layers += [nn.SiLU(), nn.Conv2d(c2, code_dim, 1)]
         self.net = nn.Sequential(*layers)
 
@@ -80,7 +80,7 @@ class Decoder(nn.Module):
         super().__init__()
         c0, c1, c2 = channels
         layers: list[nn.Module] = [nn.Conv2d(code_dim, c2, 3, padding=1)]
-        layers += [ResBlock(c2) for _ in range(res_blocks)]
+        layers += [ResBlock(c2) for _ in range(res_blocks + 1)]
         layers += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(c2, c1, 3, padding=1)]
         layers += [ResBlock(c1) for _ in range(res_blocks)]
         layers += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(c1, c0, 3, padding=1)]
@@ -97,7 +97,7 @@ class ShapesVQ(nn.Module):
     dimension `code_dim`.
 
     `channels` are the widths at full, half and quarter resolution; `res_blocks` residual blocks
-    per resolution.
+    per resolution (one more at the quarter-resolution bottleneck).
     """
 
     def __init__(
