@@ -106,6 +106,8 @@ class LanternRule:
     rejection resample from normalise(max(p~ - q, 0)), which leaves out x and the neighbours whose
     mass x absorbed (with LANTERN's one-hot tree drafts this is its "zero x and its neighbours,
     renormalise"). Not lossless: each position's distribution moves by at most delta in TVD.
+    With sampled chain drafts q is the drafter's distribution, as in LANTERN++'s static trees
+    (LANTERN's EAGLE-2 top-k tree uses q = 1); with q = None the ratio is p~(x).
 
     Args:
         k: latent neighbours considered per draft token (the paper's comparison: 1000; clamped

@@ -20,7 +20,6 @@ no longer matter, so every image sees the same draws whatever its batch.
 """
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import torch
@@ -34,8 +33,6 @@ from baselines.scope import RasterScope, RejectionScope, Resampler, Resolution
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
 from harness.sampling import probs, sample, sample_from, uniforms
 from harness.seeding import make_generators
-
-log = logging.getLogger(__name__)
 
 
 class SpeculativeDecoder:

@@ -71,6 +71,13 @@ def zipar_schedule(rows: int, cols: int, window: int) -> tuple[ZipStep, ...]:
     return tuple(steps)
 
 
+@functools.lru_cache(maxsize=64)
+def _on_device(rows: int, cols: int, window: int, device: torch.device) -> tuple[ZipStep, ...]:
+    """The schedule's index tensors on `device`, copied once (not one host copy per forward)."""
+    return tuple(ZipStep(*(t.to(device) for t in (s.slots, s.sources, s.decoded, s.from_input)))
+                 for s in zipar_schedule(rows, cols, window))
+
+
 class ZipARDecoder:
     """`zipar`: parallel decoding with a row-start `window`.
 
@@ -113,13 +120,12 @@ class ZipARDecoder:
         written = torch.zeros(model.cache_len, dtype=torch.bool, device=device)
         prefix = model.cache_len - n
         written[:prefix] = True
-        for step in zipar_schedule(rows, cols, self.window):
-            slots = step.slots.to(device)
-            written[prefix + slots] = True
-            mask = None if self.mask == "causal" else self._mask(written, prefix + slots, b)
-            out = model.forward(tokens[:, step.sources.to(device)], slots, mask)  # [B, T, V]
-            picked = out[:, step.from_input.to(device)]  # [B, D, V]
-            tokens[:, step.decoded.to(device)] = sample(picked, self.sampling, gens).to(device)
+        for step in _on_device(rows, cols, self.window, device):
+            written[prefix + step.slots] = True
+            mask = None if self.mask == "causal" else self._mask(written, prefix + step.slots, b)
+            out = model.forward(tokens[:, step.sources], step.slots, mask)  # [B, T, V]
+            picked = out[:, step.from_input]  # [B, D, V]
+            tokens[:, step.decoded] = sample(picked, self.sampling, gens).to(device)
             rec.forward(everyone, torch.full((b,), len(step.decoded), dtype=torch.long, device=device))
         return Generation(tokens=tokens, stats=rec.finish(with_drafts=False))
 

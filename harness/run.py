@@ -3,6 +3,7 @@ evaluators -> summary.csv + run.json + a printed table."""
 from __future__ import annotations
 
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     device = _device(cfg.device)
     prompts = select(_build(cfg.dataset), cfg.dataset_limit)
     specs = plan(prompts, cfg.images_per_prompt, cfg.seed, shard=cfg.shard.index, num_shards=cfg.shard.count)
+    full_plan = plan(prompts, cfg.images_per_prompt, cfg.seed)  # what an evaluate stage scores
+    _check_shard_stages(cfg)
     samples_root = Path(cfg.samples_dir) if cfg.samples_dir else out_dir / "samples"
     if "generate" in cfg.stages:
         _writable(samples_root, "samples directory (samples_dir)")
@@ -86,7 +89,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             generate(decoder, models, sample_set, specs, batch_size=cfg.batch_size,
                      warmup_batches=cfg.warmup_batches, device=device, name=name)
         if "evaluate" in cfg.stages:
-            sample_set.require_complete(specs)
+            sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
             frames.append(_evaluate(cfg, name, sample_set, out_dir))
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -97,11 +100,21 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     return summary
 
 
+def _check_shard_stages(cfg: DictConfig) -> None:
+    """A shard job (shard.count > 1) cannot also evaluate: the other shards may still be running."""
+    if cfg.shard.count > 1 and "generate" in cfg.stages and "evaluate" in cfg.stages:
+        raise ValueError(
+            f"shard {cfg.shard.index} of {cfg.shard.count}: a shard job cannot evaluate, since the "
+            "other shards may not be complete. Generate with stages=[generate] and a samples_dir "
+            "shared by all shards, then score the merged set once with stages=[evaluate] "
+            "samples_dir=<that folder> (docs/slurm.md)")
+
+
 def _writable(folder: Path, what: str) -> None:
     """Create `folder` or fail with an error that names it and the fix."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write_probe"
+        probe = folder / f".write_probe.{uuid.uuid4().hex[:12]}"  # unique: shard jobs share folders
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:

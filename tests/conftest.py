@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # robust on shared, oversubscribed CI machines
 
 
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:

@@ -1,13 +1,13 @@
 """Training recipe of the shapes-world tokenizer (ShapesVQ) on freshly sampled scenes.
 
-Each step renders a new batch from a numpy generator seeded with (seed, step, size), half of the
-images at 64 px and half at 32 px (the same weights tokenize both resolutions). The loss is an
-edge-weighted L1 plus L2 pixel loss and the VQ codebook/commitment losses; codes unused for
-`restart_every` steps are re-initialised to random encoder latents of the current batch
-(dead-code restarts). Checkpoints are atomic and hold everything needed to continue bit for bit:
+Each step renders a new batch from numpy generators seeded with (seed, step, size): a sub-batch
+at 64 px and one at 32 px (half/half by default; the same weights tokenize both resolutions).
+The loss is an edge-weighted L1 plus L2 pixel loss and the VQ codebook/commitment losses; codes
+unused for `restart_every` steps are re-initialised to random encoder latents of the current
+batch (dead-code restarts). Checkpoints are atomic and hold everything needed to continue bit for bit:
 model, optimizer, step, RNG states and code-usage state.
 
-    python -m harness.shapes.train_tokenizer --out .cache/shapes_tokenizer --steps 1000
+    python -m harness.shapes.train_tokenizer --out .cache/shapes_tokenizer --steps 600
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,8 @@ def evaluate(model: ShapesVQ, n_images: int) -> dict[str, Any]:
             tokens = model.encode(chunk)
             counts += torch.bincount(tokens.flatten(), minlength=model.codebook_size)
             recons.append(model.decode(tokens))
-        out[str(size)] = {**reconstruction_metrics(images, torch.cat(recons)), **usage_stats(counts)}
+        recon = torch.cat(recons)
+        out[str(size)] = {**reconstruction_metrics(images, recon), **usage_stats(counts)}
     model.train()
     return out
 
@@ -168,7 +170,8 @@ def make_optimizer(model: ShapesVQ, lr: float, weight_decay: float) -> torch.opt
     """AdamW; weight decay on conv kernels only (not on biases or the codebook)."""
     decay = [p for n, p in model.named_parameters() if p.dim() == 4]
     rest = [p for n, p in model.named_parameters() if p.dim() != 4]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99))
 
 
@@ -199,6 +202,97 @@ def restart_dead_codes(model: ShapesVQ, optimizer: torch.optim.Optimizer, dead: 
 
 # ----------------------------------------------------------------------------- training
 
+@dataclass
+class TrainState:
+    """Everything a checkpoint restores (with the run config it was written under)."""
+
+    model: ShapesVQ
+    optimizer: torch.optim.AdamW
+    generator: torch.Generator  # draws of the dead-code restarts
+    last_used: Tensor           # int64 [V]: 1 + the last step that used each code (0: never)
+    step: int = 0
+    elapsed: float = 0.0        # wall seconds spent in training steps
+    cpu: float = 0.0            # process CPU seconds spent in training steps
+
+
+def new_state(config: dict[str, Any]) -> TrainState:
+    """Freshly initialised model (seeded), optimizer and restart generator."""
+    torch.manual_seed(config["seed"])
+    model = ShapesVQ(codebook_size=config["codebook_size"], code_dim=config["code_dim"],
+                     channels=tuple(config["channels"]), res_blocks=config["res_blocks"])
+    return TrainState(model=model,
+                      optimizer=make_optimizer(model, config["lr"], config["weight_decay"]),
+                      generator=torch.Generator().manual_seed(config["seed"]),
+                      last_used=torch.zeros(config["codebook_size"], dtype=torch.long))
+
+
+def checkpoint(state: TrainState, config: dict[str, Any]) -> dict[str, Any]:
+    return {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+            "step": state.step, "torch_rng": torch.get_rng_state(),
+            "restart_rng": state.generator.get_state(), "last_used": state.last_used,
+            "elapsed": state.elapsed, "cpu_seconds": state.cpu, "config": config}
+
+
+def restore(state: TrainState, path: Path, config: dict[str, Any]) -> None:
+    """Load checkpoint `path` into `state`; refuses one written under another config."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if saved["config"] != config:
+        diff = {k: (saved["config"].get(k), config.get(k)) for k in saved["config"].keys() | config
+                if saved["config"].get(k) != config.get(k)}
+        raise ValueError(f"{path} was written with other settings {{key: (checkpoint, now)}}: "
+                         f"{diff}; pass resume=False or use another out_dir")
+    state.model.load_state_dict(saved["model"], strict=True)
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.generator.set_state(saved["restart_rng"])
+    torch.set_rng_state(saved["torch_rng"])
+    state.last_used, state.step = saved["last_used"], saved["step"]
+    state.elapsed, state.cpu = saved["elapsed"], saved["cpu_seconds"]
+
+
+def train_step(state: TrainState, config: dict[str, Any]) -> dict[str, Any]:
+    """One optimizer step on the batches of `state.step` (64 px then 32 px sub-batch), then
+    dead-code restarts when due; advances `state.step`. Returns the step's losses, its training
+    palette accuracy and its code histogram ("counts", int64 [V])."""
+    step, model = state.step, state.model
+    n32 = round(config["batch_size"] * config["low_res_share"])
+    batches = [training_batch(config["seed"], step, config["batch_size"] - n32, 64),
+               training_batch(config["seed"], step, n32, 32)]
+    for group in state.optimizer.param_groups:
+        group["lr"] = learning_rate(step, config["steps"], config["lr"], config["warmup"])
+    total = torch.zeros(())
+    stats: dict[str, Any] = {"pix": 0.0, "codebook": 0.0, "commit": 0.0, "acc": 0.0,
+                             "counts": torch.zeros(model.codebook_size, dtype=torch.long)}
+    for images in batches:
+        x = to_float(images)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config["bf16"]):
+            recon, vq_losses, indices = model(x)
+        pix = pixel_loss(recon, x, config["edge_weight"])
+        total = total + (pix + vq_losses["codebook"] + vq_losses["commit"]) / len(batches)
+        for key, value in (("pix", pix), *vq_losses.items()):
+            stats[key] += value.item() / len(batches)
+        acc = reconstruction_metrics(images, to_uint8(recon.detach()))["palette_acc"]
+        stats["acc"] += acc / len(batches)
+        stats["counts"] += torch.bincount(indices.flatten(), minlength=model.codebook_size)
+    state.optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    state.optimizer.step()
+    state.step = step + 1
+    state.last_used[stats["counts"] > 0] = state.step
+    stats["loss"] = total.item()
+
+    every = config["restart_every"]
+    if every and state.step % every == 0 and state.step <= 0.8 * config["steps"]:
+        dead = state.last_used <= state.step - every
+        if dead.any():
+            with torch.no_grad():
+                latents = torch.cat([model.encoder(to_float(b)).permute(0, 2, 3, 1).flatten(0, 2)
+                                     for b in batches])
+            restart_dead_codes(model, state.optimizer, dead, latents, state.generator)
+            state.last_used[dead] = state.step
+            log.info("step %d: restarted %d dead codes", state.step, int(dead.sum()))
+    return stats
+
+
 def train_tokenizer(
     out_dir: Path,
     *,
@@ -213,6 +307,7 @@ def train_tokenizer(
     res_blocks: int = 1,
     codebook_size: int = 512,
     code_dim: int = 8,
+    low_res_share: float = 0.5,
     edge_weight: float = 4.0,
     weight_decay: float = 0.01,
     warmup: int = 100,
@@ -223,116 +318,49 @@ def train_tokenizer(
     """Train ShapesVQ in `out_dir` (resuming from its checkpoint when `resume`), then write
     `tokenizer.safetensors`, `metrics.json` and reconstruction grids; returns the final metrics.
 
-    `batch_size` images per step: half rendered at 64 px, half at 32 px. Dead-code restarts run
-    every `restart_every` steps (0: never) during the first 80% of training.
+    `batch_size` images per step, a `low_res_share` of them rendered at 32 px and the rest at
+    64 px (two sub-batches whose losses weigh equally). Dead-code restarts run every
+    `restart_every` steps (0: never) during the first 80% of training.
     """
-    if batch_size < 2:
-        raise ValueError(f"batch_size must be >= 2 (half at 64 px, half at 32 px), got {batch_size}")
+    n32 = round(batch_size * low_res_share)
+    if not 0 < n32 < batch_size:
+        raise ValueError(f"batch_size {batch_size} x low_res_share {low_res_share} must leave at "
+                         f"least one image at each of 64 and 32 px")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr,
-              "channels": list(channels), "res_blocks": res_blocks, "codebook_size": codebook_size,
-              "code_dim": code_dim, "edge_weight": edge_weight, "weight_decay": weight_decay,
-              "warmup": warmup, "restart_every": restart_every, "bf16": bf16}
-    torch.manual_seed(seed)
-    model = ShapesVQ(codebook_size=codebook_size, code_dim=code_dim, channels=tuple(channels),
-                     res_blocks=res_blocks)
-    optimizer = make_optimizer(model, lr, weight_decay)
-    generator = torch.Generator().manual_seed(seed)
-    last_used = torch.zeros(codebook_size, dtype=torch.long)
-    start, elapsed, cpu = 0, 0.0, 0.0
-
+              "channels": list(channels), "res_blocks": res_blocks,
+              "codebook_size": codebook_size, "code_dim": code_dim,
+              "low_res_share": low_res_share, "edge_weight": edge_weight,
+              "weight_decay": weight_decay, "warmup": warmup, "restart_every": restart_every,
+              "bf16": bf16}
+    state = new_state(config)
     ckpt_path = out_dir / CHECKPOINT
     if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if state["config"] != config:
-            diff = {k: (state["config"].get(k), v) for k, v in config.items()
-                    if state["config"].get(k) != v}
-            raise ValueError(f"{ckpt_path} was written with other settings (checkpoint, now): "
-                             f"{diff}; pass resume=False or another out_dir")
-        model.load_state_dict(state["model"], strict=True)
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["restart_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        last_used, start = state["last_used"], state["step"]
-        elapsed, cpu = state["elapsed"], state["cpu_seconds"]
-        log.info("resumed from %s at step %d", ckpt_path, start)
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("ShapesVQ %s: %.3fM params; training steps %d..%d", model.config, n_params / 1e6,
-             start, steps)
+        restore(state, ckpt_path, config)
+        log.info("resumed from %s at step %d", ckpt_path, state.step)
+    n_params = sum(p.numel() for p in state.model.parameters())
+    log.info("ShapesVQ %s: %.3fM params; training steps %d..%d", state.model.config,
+             n_params / 1e6, state.step, steps)
 
-    n64 = batch_size // 2
-    window = {"loss": 0.0, "pix": 0.0, "codebook": 0.0, "commit": 0.0, "acc": 0.0, "n": 0}
-    counts = torch.zeros(codebook_size, dtype=torch.long)
+    state.model.train()
+    window: list[dict[str, Any]] = []
     t_window = time.perf_counter()
-    model.train()
-    for step in range(start, steps):
+    while state.step < steps:
         t0, c0 = time.perf_counter(), time.process_time()
-        batches = [training_batch(seed, step, n64, 64), training_batch(seed, step, batch_size - n64, 32)]
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, steps, lr, warmup)
-        loss = torch.zeros(())
-        parts = {"pix": 0.0, "codebook": 0.0, "commit": 0.0}
-        recons, used = [], torch.zeros(codebook_size, dtype=torch.bool)
-        for images in batches:
-            x = to_float(images)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                recon, vq_losses, indices = model(x)
-            pix = pixel_loss(recon, x, edge_weight)
-            sub = pix + vq_losses["codebook"] + vq_losses["commit"]
-            loss = loss + sub / len(batches)
-            parts["pix"] += pix.item() / len(batches)
-            for k in ("codebook", "commit"):
-                parts[k] += vq_losses[k].item() / len(batches)
-            counts += torch.bincount(indices.flatten(), minlength=codebook_size)
-            used[indices.flatten()] = True
-            recons.append(to_uint8(recon.detach()))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        last_used[used] = step + 1
+        window.append(train_step(state, config))
+        state.elapsed += time.perf_counter() - t0
+        state.cpu += time.process_time() - c0
+        if state.step % log_every == 0 or state.step == steps:
+            log_window(state, config, window, time.perf_counter() - t_window)
+            window, t_window = [], time.perf_counter()
+        if state.step % ckpt_every == 0 or state.step == steps:
+            save_checkpoint(ckpt_path, checkpoint(state, config))
 
-        if restart_every and (step + 1) % restart_every == 0 and step + 1 <= 0.8 * steps:
-            dead = last_used <= step + 1 - restart_every
-            if dead.any():
-                with torch.no_grad():
-                    z = torch.cat([model.encoder(to_float(b)).permute(0, 2, 3, 1).flatten(0, 2)
-                                   for b in batches])
-                restart_dead_codes(model, optimizer, dead, z, generator)
-                last_used[dead] = step + 1
-                log.info("step %d: restarted %d dead codes", step + 1, int(dead.sum()))
-        elapsed += time.perf_counter() - t0
-        cpu += time.process_time() - c0
-
-        window["loss"] += loss.item()
-        window["acc"] += sum(reconstruction_metrics(b, r)["palette_acc"]
-                             for b, r in zip(batches, recons)) / len(batches)
-        for k, v in parts.items():
-            window[k] += v
-        window["n"] += 1
-        done = step + 1
-        if done % log_every == 0 or done == steps:
-            n, dt = window["n"], time.perf_counter() - t_window
-            stats = usage_stats(counts)
-            log.info("step %d/%d loss %.4f pix %.4f codebook %.4f commit %.4f train_acc %.4f "
-                     "usage %.3f ppl %.0f lr %.2e %.1f img/s elapsed %.0fs cpu %.0fs", done, steps,
-                     window["loss"] / n, window["pix"] / n, window["codebook"] / n,
-                     window["commit"] / n, window["acc"] / n, stats["usage"], stats["perplexity"],
-                     optimizer.param_groups[0]["lr"], n * batch_size / dt, elapsed, cpu)
-            window = dict.fromkeys(window, 0.0)
-            window["n"] = 0
-            counts.zero_()
-            t_window = time.perf_counter()
-        if done % ckpt_every == 0 or done == steps:
-            save_checkpoint(ckpt_path, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                "torch_rng": torch.get_rng_state(), "restart_rng": generator.get_state(),
-                "last_used": last_used, "config": config, "elapsed": elapsed,
-                "cpu_seconds": cpu})
-
+    model = state.model.eval()
     save_tokenizer(model, out_dir / WEIGHTS)
-    metrics = {"step": steps, "train_seconds": elapsed, "cpu_seconds": cpu, "params": n_params,
-               "config": config,
+    metrics = {"step": steps, "train_seconds": state.elapsed, "cpu_seconds": state.cpu,
+               "params": n_params, "config": config,
                "eval": evaluate(model, eval_images) if eval_images else {}}
     (out_dir / METRICS).write_text(json.dumps(metrics, indent=2))
     if eval_images:
@@ -340,6 +368,19 @@ def train_tokenizer(
     for size, m in metrics["eval"].items():
         log.info("eval %s px: %s", size, " ".join(f"{k} {v:.4f}" for k, v in m.items()))
     return metrics
+
+
+def log_window(state: TrainState, config: dict[str, Any], window: list[dict[str, Any]],
+               seconds: float) -> None:
+    """Log the mean losses, training accuracy, code usage and speed of the last steps."""
+    mean = {k: sum(s[k] for s in window) / len(window)
+            for k in ("loss", "pix", "codebook", "commit", "acc")}
+    usage = usage_stats(torch.stack([s["counts"] for s in window]).sum(0))
+    log.info("step %d/%d loss %.4f pix %.4f codebook %.4f commit %.4f train_acc %.4f usage %.3f "
+             "ppl %.0f lr %.2e %.1f img/s elapsed %.0fs cpu %.0fs", state.step, config["steps"],
+             mean["loss"], mean["pix"], mean["codebook"], mean["commit"], mean["acc"],
+             usage["usage"], usage["perplexity"], state.optimizer.param_groups[0]["lr"],
+             len(window) * config["batch_size"] / seconds, state.elapsed, state.cpu)
 
 
 @torch.no_grad()
@@ -356,7 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="run folder (checkpoint, weights)")
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, default=64, help="half 64 px, half 32 px")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per step, 64 + 32 px")
+    parser.add_argument("--low-res-share", type=float, default=0.5, help="share rendered at 32 px")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
@@ -377,9 +419,9 @@ def main(argv: list[str] | None = None) -> None:
     train_tokenizer(args.out, steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                     lr=args.lr, resume=not args.no_resume, log_every=args.log_every,
                     ckpt_every=args.ckpt_every, channels=tuple(args.channels),
-                    res_blocks=args.res_blocks, edge_weight=args.edge_weight,
-                    weight_decay=args.weight_decay, warmup=args.warmup,
-                    restart_every=args.restart_every, bf16=not args.fp32,
+                    res_blocks=args.res_blocks, low_res_share=args.low_res_share,
+                    edge_weight=args.edge_weight, weight_decay=args.weight_decay,
+                    warmup=args.warmup, restart_every=args.restart_every, bf16=not args.fp32,
                     eval_images=args.eval_images)
 
 

@@ -195,6 +195,7 @@ def save_tokenizer(model: ShapesVQ, path: Path) -> None:
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
     save_file(state, str(tmp), metadata={"config": json.dumps(model_config(model))})
+    os.chmod(tmp, 0o644)  # safetensors creates the file owner-only
     os.replace(tmp, path)
 
 
