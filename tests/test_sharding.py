@@ -82,7 +82,8 @@ def test_evaluate_refuses_until_every_shard_is_complete(tmp_path: Path) -> None:
     assert res.returncode != 0 and "a shard job cannot evaluate" in res.stderr
     assert not list(shared.glob("*/images/*.png"))
 
-    ok(harness([*args, "shard.index=0", f"samples_dir={shared}", f"hydra.run.dir={tmp_path / 's0'}"], tmp_path))
+    ok(harness([*args, "shard.index=0", f"samples_dir={shared}", f"hydra.run.dir={tmp_path / 's0'}"],
+               tmp_path))
     evaluate = [*args, "stages=[evaluate]", f"samples_dir={shared}"]
     res = harness([*evaluate, f"hydra.run.dir={tmp_path / 'e0'}"], tmp_path)
     assert res.returncode != 0
@@ -91,6 +92,7 @@ def test_evaluate_refuses_until_every_shard_is_complete(tmp_path: Path) -> None:
     assert "shapes-00001_00, shapes-00003_00" in res.stderr
     assert not (tmp_path / "e0" / "summary.csv").exists()
 
-    ok(harness([*args, "shard.index=1", f"samples_dir={shared}", f"hydra.run.dir={tmp_path / 's1'}"], tmp_path))
+    ok(harness([*args, "shard.index=1", f"samples_dir={shared}", f"hydra.run.dir={tmp_path / 's1'}"],
+               tmp_path))
     ok(harness([*evaluate, f"hydra.run.dir={tmp_path / 'e1'}"], tmp_path))
     assert pd.read_csv(tmp_path / "e1" / "summary.csv").query("metric == 'target_forwards'").n.iloc[0] == 4

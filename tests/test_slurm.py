@@ -59,21 +59,24 @@ def slurm_env() -> dict[str, str]:
         pytest.skip(f"no SLURM cluster: {conf} does not exist (set SLURM_CONF or SLURM_DIR); {start}")
     env = {**os.environ, "SLURM_CONF": str(conf), "PYTHONPATH": str(ROOT)}
     try:
-        node = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20)
+        node = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                              timeout=20)
         acct = subprocess.run(["sacct", "-n", "-X", "-o", "JobID"], env=env, capture_output=True, text=True,
                               timeout=20)
     except subprocess.TimeoutExpired:
         pytest.skip(f"no SLURM cluster: sinfo/sacct did not answer in 20 s ({conf}); {start}")
     states = node.stdout.split()
     if node.returncode != 0 or not any(s.rstrip("*~#") in ("idle", "mixed", "allocated") for s in states):
-        pytest.skip(f"no SLURM cluster up at {conf} (sinfo: {(node.stdout + node.stderr).strip()[:200]!r}); {start}")
+        answer = (node.stdout + node.stderr).strip()[:200]
+        pytest.skip(f"no SLURM cluster up at {conf} (sinfo: {answer!r}); {start}")
     if acct.returncode != 0:
         pytest.skip(f"SLURM accounting is off at {conf} (sacct: {acct.stderr.strip()[:200]!r}): submitit "
                     "cannot tell that a cancelled job died; start the cluster with ACCOUNTING=1")
     return env
 
 
-def harness(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+def harness(args: list[str], cwd: Path, env: dict[str, str],
+            timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -180,9 +183,11 @@ def test_evaluate_job_refuses_incomplete_sample_set(tmp_path: Path, slurm_env: d
     # only shard 0 of 2 is generated
     ok(harness(["-m", *args, "shard.index=0", *LAUNCHER, f"hydra.launcher.name={name}",
                 f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path, slurm_env))
-    assert sorted(p.stem for p in samples.glob("raster/images/*.png")) == ["shapes-00000_00", "shapes-00002_00"]
+    generated = sorted(p.stem for p in samples.glob("raster/images/*.png"))
+    assert generated == ["shapes-00000_00", "shapes-00002_00"]
     res = harness(["-m", *args, "stages=[evaluate]", "shard.index=0", f"samples_dir={samples}", *LAUNCHER,
-                   f"hydra.launcher.name={name}", f"hydra.sweep.dir={tmp_path / 'evaluate'}"], tmp_path, slurm_env)
+                   f"hydra.launcher.name={name}", f"hydra.sweep.dir={tmp_path / 'evaluate'}"],
+                  tmp_path, slurm_env)
     # The job ran on the cluster; Hydra's submitit wrapper returns its exception in the result
     # pickle and the launcher raises it here, so the submitting command fails with the message.
     assert res.returncode != 0
