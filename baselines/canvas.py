@@ -34,6 +34,7 @@ class Context:
     gens: list[torch.Generator]
     device: torch.device
     refeed: int = 1
+    counters: dict[str, Tensor] = field(default_factory=dict)  # per-image extra statistics [B]
     _tables: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -52,6 +53,16 @@ class Context:
     @property
     def vocab(self) -> int:
         return int(self.models.target.vocab_size)
+
+    def count(self, name: str, values: Tensor, reduce: str = "sum") -> None:
+        """Accumulate a per-image statistic values [B] into `counters[name]` ("sum" or "max");
+        the loop reports them in DecodeStats.extra."""
+        old = self.counters.get(name)
+        values = values.detach().to(self.device, torch.float64)
+        if old is None:
+            self.counters[name] = values.clone()
+        else:
+            self.counters[name] = old + values if reduce == "sum" else torch.maximum(old, values)
 
     def neighbours(self, k: int) -> Tensor:
         """The target codebook's k-nearest-neighbour table [V, k'] int64 on `device` (k' =

@@ -60,8 +60,10 @@ class StatsRecorder:
         """Drafter forwards outside the steps (e.g. its prefill), for every image."""
         self.drafter += forwards
 
-    def finish(self, with_drafts: bool) -> list[DecodeStats]:
-        """One DecodeStats per image; `with_drafts` adds the rejection map (drafting decoders)."""
+    def finish(self, with_drafts: bool, extra: dict[str, Tensor] | None = None) -> list[DecodeStats]:
+        """One DecodeStats per image; `with_drafts` adds the rejection map (drafting decoders);
+        `extra` maps names to per-image values [B] (DecodeStats.extra, e.g. resampling islands)."""
+        extras = {k: v.tolist() for k, v in (extra or {}).items()}
         steps = torch.stack(self._committed, dim=1).cpu()  # [B, S]
         target, drafter, proposed = self.target.tolist(), self.drafter.tolist(), self.proposed.tolist()
         accepted, resampled = self.accepted.tolist(), self.resampled.tolist()
@@ -74,5 +76,6 @@ class StatsRecorder:
                 proposed=proposed[b], accepted=accepted[b], resampled=resampled[b],
                 accepted_per_step=row[row >= 0].tolist(),
                 rejection_map=maps[b].clone() if with_drafts else None,
+                extra={k: float(v[b]) for k, v in extras.items()},
             ))
         return out

@@ -45,8 +45,10 @@ class RejectionScope(Protocol):
     refeed: int
     needs_resampler: bool
 
-    def resolve(self, accept: Tensor, remaining: Tensor) -> Resolution:
-        """accept [B, L] bool, remaining [B] = N - n_b (positions left per row) -> Resolution."""
+    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int]) -> Resolution:
+        """accept [B, L] bool, remaining [B] = N - n_b (positions left per row), grid (rows,
+        cols) of the target (2-D scopes place offset o of row b at raster index N - remaining + o)
+        -> Resolution."""
         ...
 
 
@@ -70,7 +72,7 @@ class RasterScope:
     refeed = 1
     needs_resampler = False
 
-    def resolve(self, accept: Tensor, remaining: Tensor) -> Resolution:
+    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int] | None = None) -> Resolution:
         length = accept.shape[1]
         offsets = torch.arange(length, device=accept.device)
         valid = offsets < remaining[:, None]

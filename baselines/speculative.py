@@ -65,33 +65,44 @@ class SpeculativeDecoder:
     def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
         target = models.target
+        draft, scope = self._bound(models)
         gens = make_generators(seeds, "cpu")
         target.setup_cache(len(gens))
         logits = target.prefill(cond)  # [B, V]: position 0
         ctx = Context(models=models, cond=cond, sampling=self.sampling, gens=gens, device=logits.device,
-                      refeed=self.scope.refeed)
+                      refeed=scope.refeed)
         n = ctx.n_tokens
-        canvas = Canvas.empty(ctx.batch, n, pad=self.draft.length + self.scope.refeed + 1, device=ctx.device)
+        canvas = Canvas.empty(ctx.batch, n, pad=draft.length + scope.refeed + 1, device=ctx.device)
         canvas.tokens[:, 0] = sample(logits, self.sampling, gens).to(ctx.device)
         canvas.frontier.fill_(1)
         rec = StatsRecorder(ctx.batch, ctx.grid, ctx.device)
         rec.forward(torch.ones_like(canvas.active), torch.ones_like(canvas.frontier))  # the prefill
-        run = self.draft.start(ctx, canvas)
+        run = draft.start(ctx, canvas)
         rec.add_drafter(run.prefill_forwards)
         while bool(canvas.active.any()):  # the one host sync per step
-            self._step(ctx, canvas, run, rec)
-        return Generation(tokens=canvas.tokens[:, :n].clone(), stats=rec.finish(with_drafts=True))
+            self._step(ctx, canvas, run, rec, scope)
+        stats = rec.finish(with_drafts=True, extra=ctx.counters)
+        return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
 
-    def _step(self, ctx: Context, canvas: Canvas, run: DraftRun, rec: StatsRecorder) -> None:
+    def _bound(self, models: ModelBundle) -> tuple[DraftSource, RejectionScope]:
+        """The draft source and scope sized for these models, once per call: a source with
+        `bind(models)` (MuLo-SD's lowres: L = rows x r x target cols) and a scope with
+        `bind(length)` (local: refeed = L) are bound; the others are used as they are."""
+        draft = self.draft.bind(models) if hasattr(self.draft, "bind") else self.draft
+        scope = self.scope.bind(draft.length) if hasattr(self.scope, "bind") else self.scope
+        return draft, scope
+
+    def _step(self, ctx: Context, canvas: Canvas, run: DraftRun, rec: StatsRecorder,
+              scope: RejectionScope) -> None:
         start, active = canvas.frontier.clone(), canvas.active
         remaining = ctx.n_tokens - start
         draft = run.propose(canvas)
         canvas.write(start, draft.tokens)
-        p = self._verify(ctx, canvas, draft)  # [B, L+1, V]
+        p = self._verify(ctx, canvas, draft, scope.refeed)  # [B, L+1, V]
         length = draft.tokens.shape[1]
         u = uniforms(ctx.gens, (length,), ctx.device)
         verdict = self.accept.decide(p[:, :length], draft.q, draft.tokens, u, ctx)
-        res = self.scope.resolve(verdict.accept, remaining)
+        res = scope.resolve(verdict.accept, remaining, ctx.grid)
         samples = self._sample(ctx, p, verdict.residual, res.first)
         canvas.write(start + res.first, samples.gather(1, res.first[:, None]))
         extra = torch.zeros_like(start)
@@ -102,11 +113,11 @@ class SpeculativeDecoder:
         run.observe(canvas, Outcome(start=start, p=p, samples=samples, res=res))
         self._record(rec, active, start, draft, res, extra)
 
-    def _verify(self, ctx: Context, canvas: Canvas, draft: Draft) -> Tensor:
+    def _verify(self, ctx: Context, canvas: Canvas, draft: Draft, refeed: int) -> Tensor:
         """One target forward over canvas[fed .. frontier + L - 1] (width refeed + L, fixed) ->
         p [B, L+1, V] for positions frontier .. frontier + L."""
         length = draft.tokens.shape[1]
-        tokens, positions = canvas.read(canvas.fed, self.scope.refeed + length)
+        tokens, positions = canvas.read(canvas.fed, refeed + length)
         logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
         offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b
         index = offset[:, None] + torch.arange(length + 1, device=offset.device)

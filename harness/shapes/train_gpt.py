@@ -94,8 +94,13 @@ def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: 
 
 def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, batch_size: int = 32,
               lr: float = 2e-3, warmup: int = 100, dim: int = 256, n_layer: int = 4, n_head: int = 4,
-              seed: int = 0, ckpt_every: int = 100, log_every: int = 25, bf16: bool = True) -> dict[str, Any]:
-    """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics."""
+              seed: int = 0, ckpt_every: int = 100, log_every: int = 25, bf16: bool = True,
+              init_from: Path | None = None) -> dict[str, Any]:
+    """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
+
+    `init_from`: a trained GPT (safetensors) of the same architecture to start from, e.g. the
+    target starts from the half-resolution drafter as LlamaGen's stage 2 starts from stage 1 (the
+    rotary table is a buffer, so weights transfer across grids)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(tokenizer_path)
     size = ROLES["target" if role == "small_drafter" else role]
@@ -105,6 +110,11 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95))
+    if init_from is not None:
+        from harness.shapes.weights import load_gpt
+
+        gpt.load_state_dict(load_gpt(Path(init_from)).state_dict(), strict=True)
+        log.info("%s: initialised from %s", role, init_from)
     ckpt, start = out_dir / f"{role}.ckpt", 0
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
