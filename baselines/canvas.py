@@ -58,7 +58,7 @@ class Context:
         """Accumulate a per-image statistic values [B] into `counters[name]` ("sum" or "max");
         the loop reports them in DecodeStats.extra."""
         old = self.counters.get(name)
-        values = values.detach().to(self.device, torch.float64)
+        values = values.detach().to(self.device, torch.float32)
         if old is None:
             self.counters[name] = values.clone()
         else:

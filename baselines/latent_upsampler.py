@@ -116,7 +116,8 @@ def save_upsampler(module: LatentUpsampler, path: Path, extra: dict[str, object]
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata={"config": json.dumps(module.config), "extra": json.dumps(extra or {})})
+    meta = {"config": json.dumps(module.config), "extra": json.dumps(extra or {})}
+    save_file(state, str(tmp), metadata=meta)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
@@ -126,6 +127,7 @@ def load_upsampler(path: str | Path) -> LatentUpsampler:
     with safe_open(str(path), framework="pt", device="cpu") as f:
         config = json.loads((f.metadata() or {})["config"])
         state = {k: f.get_tensor(k) for k in f.keys()}
-    module = LatentUpsampler(state["codebook"], config["r"], config["width"], config["depth"], config["kernel"])
+    module = LatentUpsampler(state["codebook"], config["r"], width=config["width"], depth=config["depth"],
+                             kernel=config["kernel"])
     module.load_state_dict(state, strict=True)
     return module

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from baselines.scope import Resolution
+from baselines.scope import RasterScope, Resolution
 
 
 def block_coordinates(start: Tensor, length: int, cols: int) -> tuple[Tensor, Tensor]:
@@ -78,3 +78,16 @@ class LocalScope:
         return Resolution(keep=valid & ~expanded, rejected=rejected, first=first,
                           resample=expanded & (offsets != first[:, None]), advance=advance,
                           kv_valid=torch.minimum(first, (advance - 1).clamp_min(0)))
+
+
+SCOPE_KINDS = ("local", "raster")
+
+
+def build_scope(kind: str = "local", radius: int = 3) -> "LocalScope | RasterScope":
+    """The rejection scope named `kind` (config entry point, so that one node switches with
+    `kind=...`): "local" (LocalScope(radius)) or "raster" (baselines/scope.py; radius unused)."""
+    if kind == "local":
+        return LocalScope(radius)
+    if kind == "raster":
+        return RasterScope()
+    raise ValueError(f"decoder scope.kind must be one of {SCOPE_KINDS}, got {kind!r}")

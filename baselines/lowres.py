@@ -66,9 +66,11 @@ class LowResDraft:
     def __init__(self, upsampler: UpSampler, rows: int | None = None, schedule: str = "zipar",
                  window: int = 2) -> None:
         if rows is not None and (int(rows) != rows or rows < 1):
-            raise ValueError(f"decoder draft.rows (lowres) must be an integer >= 1 or null (whole image), got {rows!r}")
+            raise ValueError(f"decoder draft.rows (lowres) must be an integer >= 1 or null (whole image), "
+                             f"got {rows!r}")
         if schedule not in DRAFT_SCHEDULES:
-            raise ValueError(f"decoder draft.schedule (lowres) must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
+            raise ValueError(f"decoder draft.schedule (lowres) must be one of {DRAFT_SCHEDULES}, "
+                             f"got {schedule!r}")
         if int(window) != window or window < 1:
             raise ValueError(f"decoder draft.window (lowres) must be an integer >= 1, got {window!r}")
         self.upsampler = upsampler
@@ -80,7 +82,8 @@ class LowResDraft:
     @property
     def length(self) -> int:
         if self.geometry is None:
-            raise RuntimeError("the lowres draft's block length depends on the models: call bind(models) first")
+            raise RuntimeError("the lowres draft's block length depends on the models: "
+                               "call bind(models) first")
         return self.geometry.length
 
     def bind(self, models: ModelBundle) -> "LowResDraft":
@@ -95,7 +98,8 @@ class LowResDraft:
         low = tuple(models.drafter.grid)
         rows = low[0] if self.rows is None else min(self.rows, low[0])
         bound = copy.copy(self)
-        bound.geometry = Geometry(r=r, high=tuple(models.target.grid), low=low, rows=rows)  # type: ignore[arg-type]
+        high = tuple(models.target.grid)
+        bound.geometry = Geometry(r=r, high=high, low=low, rows=rows)  # type: ignore[arg-type]
         return bound
 
     def start(self, ctx: Context, canvas: Canvas) -> "_LowResRun":
@@ -167,7 +171,8 @@ class _LowResRun:
             tokens = self.low.gather(1, base[:, None] + sources)
             mask = self._mask(base, positions + prefix, written, prefix) if self.masked else None
             out = self.drafter.forward(tokens, positions, mask)[:, step.from_input.to(ctx.device)]
-            self._write(base[:, None] + step.decoded.to(ctx.device), sample_from(probs(out, ctx.sampling), ctx.gens))
+            drawn = sample_from(probs(out, ctx.sampling), ctx.gens)
+            self._write(base[:, None] + step.decoded.to(ctx.device), drawn)
         return refed.long() + len(self.steps)
 
     def _write(self, index: Tensor, values: Tensor) -> None:

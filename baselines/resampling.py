@@ -105,7 +105,8 @@ class IslandResampler:
         mask = self._mask(ctx, start, positions, steps >= s) if self.context == "masked" else None
         logits = ctx.models.target.forward(tokens, positions, mask)  # [B, W, V]
         slot_of = torch.zeros(b, length + 1, dtype=torch.long, device=start.device)  # offset -> input
-        slot_of.scatter_(1, torch.where(feed_ok, feed, length), torch.arange(feed.shape[1], device=start.device).expand(b, -1))
+        inputs = torch.arange(feed.shape[1], device=start.device).expand(b, -1)
+        slot_of.scatter_(1, torch.where(feed_ok, feed, length), inputs)
         out, out_ok = pack(drawn)
         source = slot_of.gather(1, (out - 1).clamp_min(0))
         picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
@@ -122,7 +123,8 @@ class IslandResampler:
         key = torch.arange(slots, device=start.device)
         query = positions[:, :, None] + prefix
         hidden = torch.zeros(start.shape[0], slots + 1, dtype=torch.bool, device=start.device)
-        index = (start[:, None] + prefix + torch.arange(pending.shape[1], device=start.device)).clamp(max=slots)
+        offsets = torch.arange(pending.shape[1], device=start.device)
+        index = (start[:, None] + prefix + offsets).clamp(max=slots)
         hidden.scatter_(1, index, pending)
         return (key <= query) & ~(hidden[:, None, :slots] & (key != query))
 

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 RESIZE_MODES = ("bicubic", "bilinear", "nearest")
 KINDS = ("nearest", "pixel", "learned")
 OBJECTIVES = ("ce", "pixel", "gan")
-WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped learned up-samplers: upsampler_<objective>.safetensors
+WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped: upsampler_<objective>.safetensors
 
 
 class UpSampler(Protocol):
@@ -75,7 +75,8 @@ class NearestUpsampler:
     def down(self, high: Tensor, ctx: Context) -> Tensor:
         r = ratio(ctx.models)
         b, rows, cols = high.shape
-        blocks = high.view(b, rows // r, r, cols // r, r).permute(0, 1, 3, 2, 4).reshape(b, rows // r, cols // r, -1)
+        blocks = high.view(b, rows // r, r, cols // r, r).permute(0, 1, 3, 2, 4)
+        blocks = blocks.reshape(b, rows // r, cols // r, r * r)
         votes = (blocks[..., :, None] == blocks[..., None, :]).sum(-1)  # [B, h, w, r*r]
         return blocks.gather(-1, votes.argmax(-1, keepdim=True)).squeeze(-1)  # argmax: first maximum
 
@@ -91,7 +92,8 @@ class PixelUpsampler:
 
     def __init__(self, mode: str = "bicubic") -> None:
         if mode not in RESIZE_MODES:
-            raise ValueError(f"decoder draft.upsampler.mode (pixel) must be one of {RESIZE_MODES}, got {mode!r}")
+            raise ValueError(f"decoder draft.upsampler.mode (pixel) must be one of {RESIZE_MODES}, "
+                             f"got {mode!r}")
         self.mode = mode
 
     def up(self, low: Tensor, ctx: Context) -> Tensor:
@@ -121,7 +123,8 @@ class LearnedUpsampler:
 
     def __init__(self, weights: str | None = "shipped", objective: str = "gan") -> None:
         if objective not in OBJECTIVES:
-            raise ValueError(f"decoder draft.upsampler.objective must be one of {OBJECTIVES}, got {objective!r}")
+            raise ValueError(f"decoder draft.upsampler.objective must be one of {OBJECTIVES}, "
+                             f"got {objective!r}")
         if weights == "shipped":
             weights = str(WEIGHTS_DIR / f"upsampler_{objective}.safetensors")
         if weights is not None and not Path(weights).is_file():

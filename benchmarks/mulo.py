@@ -1,0 +1,177 @@
+"""MuLo-SD against raster, SJD, LANTERN and ZipAR in one run at batch 1 (issue 5), then the paper's
+ablations (paper.md §10.2) on the same prompts.
+
+    python benchmarks/mulo.py [--model shapes|random] [--images 16] [--reps 2] [--fid]
+                              [--ablations] [--device auto] [--threads 1] [hydra overrides ...]
+
+Main table, per decoder: target / drafter forwards per image, the target's split into verify and
+resample forwards, step compression (tokens per target forward), wall-clock speed-up versus raster
+(median of `reps` interleaved repetitions), GenEval (shapes detector) and, with --fid, FID against
+ground-truth renders. Ablation tables: (a) up-samplers, (b) pooling k x tau, (c) raster vs local
+l = 0..4, (d) serial/parallel drafting x resampling, and the two open questions; each row with
+speed-up, step compression, acceptance and GenEval. Decoder variants are composed from the
+experiment configs (conf/experiment/ablation_*.yaml), so the benchmark measures what they run.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from hydra import compose, initialize_config_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.decoders import RANDOM_LIKE_SHAPES, decode_all, geneval_score  # noqa: E402
+from harness.api import DecodeStats, ModelBundle  # noqa: E402
+from harness.datasets import shapes  # noqa: E402
+from harness.run import _build, _device, guided  # noqa: E402
+from harness.samples import SampleSet, SampleSpec, plan  # noqa: E402
+
+log = logging.getLogger("benchmarks.mulo")
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+MAIN = ("raster", "sjd", "lantern", "zipar", "mulo_sd")
+ABLATIONS = {  # experiment -> decoders to take from it (raster is always measured)
+    "ablation_upsampling": None, "ablation_local": None, "ablation_parallel": None,
+    "ablation_open_questions": None,
+}
+POOLING = {"k": (1, 4, 16, 64), "tau": (0.05, 0.1, 0.3)}
+
+
+def compose_config(model: str, overrides: Sequence[str], experiment: str | None = None) -> Any:
+    """The harness config (optionally an experiment) on `model`, GenEval and FID evaluators."""
+    keys = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    sized = [f"{k}={v}" for k, v in RANDOM_LIKE_SHAPES.items() if model == "random" and k not in keys]
+    extra = [f"+experiment={experiment}"] if experiment else [f"decoder=[{','.join(MAIN)}]"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            *extra, f"model={model}", "evaluator=[geneval_shapes,fid_shapes]",
+            "evaluator.geneval_shapes.show_progress=false", "evaluator.fid_shapes.show_progress=false",
+            *sized, *overrides])
+
+
+def summarise(stats: Sequence[DecodeStats]) -> dict[str, float]:
+    """Per-image means of the counters, step compression and the MuLo-SD extras."""
+    n, target = len(stats), sum(s.target_forwards for s in stats)
+    extra = lambda key: sum(s.extra.get(key, 0.0) for s in stats)  # noqa: E731
+    verify = extra("verify_forwards")
+    proposed = sum(s.proposed for s in stats)
+    return {"target": target / n, "drafter": sum(s.drafter_forwards for s in stats) / n,
+            "verify": verify / n, "resample": extra("resample_forwards") / n,
+            "compression": sum(s.tokens for s in stats) / target,
+            "accept": sum(s.accepted for s in stats) / proposed if proposed else float("nan"),
+            "islands_per_step": extra("islands") / verify if verify else float("nan"),
+            "island_size": extra("resample_set") / extra("islands") if extra("islands") else float("nan"),
+            "island_max": max((s.extra.get("island_size_max", 0.0) for s in stats), default=0.0)}
+
+
+def fid_score(evaluator: Any, models: ModelBundle, specs: Sequence[SampleSpec], tokens: torch.Tensor,
+              folder: Path) -> float:
+    """FID of the decoded images against the shapes ground truth (NaN if it cannot run)."""
+    sample_set = SampleSet(folder)
+    images = models.target.decode(tokens.to(models.target.device)).permute(0, 2, 3, 1).cpu().numpy()
+    for spec, image in zip(specs, images):
+        sample_set.write(spec, image, {"batch_id": "0", "batch_latency_s": 0.0, "target_forwards": 1, "tokens": 1})
+    try:
+        summary = evaluator.evaluate(sample_set).summary
+    except Exception as err:  # noqa: BLE001  (missing Inception weights etc.: report, keep going)
+        log.warning("FID unavailable: %s", err)
+        return float("nan")
+    row = summary[summary.metric == "fid"]
+    return float(row.value.iloc[0]) if len(row) else float("nan")
+
+
+def measure(decoders: dict[str, Any], models: ModelBundle, specs: Sequence[SampleSpec], reps: int,
+            device: torch.device, evaluators: dict[str, Any], fid: bool, tmp: Path) -> list[dict[str, Any]]:
+    """Batch-1 timings (interleaved repetitions) and quality of every decoder; raster first."""
+    times: dict[str, list[float]] = {name: [] for name in decoders}
+    outputs: dict[str, tuple[torch.Tensor, list[DecodeStats]]] = {}
+    for dec in decoders.values():  # warm-up, untimed
+        decode_all(dec, models, specs[:1], 1, device)
+    for rep in range(reps):
+        order = list(decoders)[rep % len(decoders):] + list(decoders)[: rep % len(decoders)]
+        for name in order:
+            spent, tokens, stats = decode_all(decoders[name], models, specs, 1, device)
+            times[name].append(spent)
+            outputs.setdefault(name, (tokens, stats))
+    base = statistics.median(times["raster"])
+    rows = []
+    for name in decoders:
+        tokens, stats = outputs[name]
+        row = {"decoder": name, **summarise(stats), "s_img": statistics.median(times[name]) / len(specs),
+               "speedup": base / statistics.median(times[name]),
+               "geneval": geneval_score(evaluators["geneval"], models, specs, tokens, stats, tmp / f"g_{name}"),
+               "fid": fid_score(evaluators["fid"], models, specs, tokens, tmp / f"f_{name}") if fid else float("nan")}
+        rows.append(row)
+        log.info("%s: %s", name, {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+    return rows
+
+
+def table(title: str, rows: Sequence[dict[str, Any]]) -> str:
+    cols = [("decoder", "<26", "s"), ("target", ">7", ".1f"), ("drafter", ">7", ".1f"), ("verify", ">6", ".1f"),
+            ("resample", ">8", ".1f"), ("compression", ">11", ".2f"), ("s_img", ">7", ".3f"),
+            ("speedup", ">7", ".2f"), ("accept", ">6", ".2f"), ("islands_per_step", ">7", ".2f"),
+            ("island_size", ">7", ".1f"), ("geneval", ">7", ".3f"), ("fid", ">7", ".1f")]
+    head = " ".join(f"{(c if c != 'islands_per_step' else 'isl/stp')[:int(w[1:])]:{w}}" for c, w, _ in cols)
+    lines = [title, head]
+    for r in rows:
+        lines.append(" ".join(f"{r[c]:{w}{f if f != 's' else ''}}" for c, w, f in cols))
+    return "\n".join(lines)
+
+
+def ablation_decoders(model: str, overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """{table title: {decoder label: decoder}} composed from the ablation experiment configs."""
+    out: dict[str, dict[str, Any]] = {}
+    for experiment in ABLATIONS:
+        cfg = compose_config(model, overrides, experiment)
+        out[experiment] = {name: _build(node) for name, node in cfg.decoder.items()}
+    pooling: dict[str, Any] = {"raster": _build(compose_config(model, overrides).decoder.raster)}
+    for k in POOLING["k"]:
+        for tau in POOLING["tau"]:
+            extra = [f"decoder.mulo_sd.accept.k={k}", f"decoder.mulo_sd.accept.tau={tau}"]
+            pooling[f"mulo k={k} tau={tau}"] = _build(compose_config(model, [*overrides, *extra]).decoder.mulo_sd)
+    out["ablation_pooling"] = pooling
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["random", "shapes"], default="shapes")
+    ap.add_argument("--images", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--fid", action="store_true", help="score FID (shapes ground truth) beside GenEval")
+    ap.add_argument("--ablations", action="store_true", help="also run the paper's ablations (§10.2)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. decoder.mulo_sd.accept.tau=0.2")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for noisy in ("evaluators", "harness.samples", "baselines.upsamplers"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = compose_config(a.model, a.overrides)
+    device = _device(a.device)
+    bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
+    decoders = {name: _build(cfg.decoder[name]) for name in MAIN}
+    models = guided(bundle, decoders["raster"].sampling)
+    specs = plan(shapes(a.images), images_per_prompt=1, global_seed=cfg.seed)
+    evaluators = {"geneval": _build(cfg.evaluator.geneval_shapes), "fid": _build(cfg.evaluator.fid_shapes)}
+    print(f"model={a.model} images={a.images} reps={a.reps} batch=1 device={device} "
+          f"threads={torch.get_num_threads()} sampling={decoders['raster'].sampling}")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main")
+        print(table("== main (batch 1)", rows), flush=True)
+        if a.ablations:
+            for title, decs in ablation_decoders(a.model, a.overrides).items():
+                rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title)
+                print(table(f"== {title}", rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""MuLo-SD (issue 5) on small random models: the lowres draft at tau = 0, exactness of serial
+resampling when everything is rejected, the local scope's geometry, rejection islands, batch
+invariance, statistics, and every MuLo-SD experiment composing and running on a tiny config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from scipy import ndimage
+
+from baselines.acceptance import Verdict
+from baselines.islands import block_islands, island_steps
+from baselines.local import LocalScope
+from baselines.lowres import LowResDraft
+from baselines.pooled import PooledThresholdRule, pooled_mass
+from baselines.raster import RasterDecoder
+from baselines.resampling import IslandResampler
+from baselines.speculative import SpeculativeDecoder
+from baselines.upsamplers import NearestUpsampler, PixelUpsampler, build_upsampler
+from harness.api import ModelBundle, SamplingParams
+from harness.datasets import shapes
+from harness.models.random_init import build
+from harness.run import _build, guided, run
+from harness.samples import plan
+from tests.conftest import CONF, compose_cfg
+from tests.single_thread import single_thread  # noqa: F401  (autouse)
+
+GREEDY = SamplingParams(temperature=0.0, cfg_scale=2.0)
+SAMPLED = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, cfg_scale=2.0)
+PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a star"]
+
+
+@pytest.fixture(scope="module")
+def bundle() -> ModelBundle:
+    return build(grid=8, vocab=32, dim=32)  # target 8 x 8, drafter 4 x 4 (r = 2)
+
+
+class RejectAll:
+    """An acceptance rule that rejects every draft (resample from p)."""
+
+    name = "reject_all"
+
+    def decide(self, p, q, drafts, u, ctx) -> Verdict:  # type: ignore[no-untyped-def]
+        return Verdict(accept=torch.zeros_like(drafts, dtype=torch.bool), residual=p)
+
+
+class RejectAt:
+    """Rejects the drafts at fixed raster positions of the target grid (frontier-relative)."""
+
+    name = "reject_at"
+
+    def __init__(self, positions: set[int]) -> None:
+        self.positions = positions
+
+    def decide(self, p, q, drafts, u, ctx) -> Verdict:  # type: ignore[no-untyped-def]
+        start = ctx.n_tokens - self.remaining(ctx)
+        index = start[:, None] + torch.arange(drafts.shape[1])
+        hit = torch.zeros_like(index, dtype=torch.bool)
+        for pos in self.positions:
+            hit |= index == pos
+        return Verdict(accept=~hit, residual=p)
+
+    @staticmethod
+    def remaining(ctx) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return ctx.n_tokens - ctx.counters["_frontier"].long()
+
+
+class _Frontier(LowResDraft):
+    """A lowres source that exposes each proposal's frontier (to RejectAt) and its drafts."""
+
+    def start(self, ctx, canvas):  # type: ignore[no-untyped-def]
+        run = super().start(ctx, canvas)
+        run.proposals = []
+        propose = run.propose
+
+        def spy(c):  # type: ignore[no-untyped-def]
+            ctx.counters["_frontier"] = c.frontier.double()
+            draft = propose(c)
+            run.proposals.append(draft.tokens.clone())
+            return draft
+
+        run.propose = spy
+        return run
+
+
+def _mulo(params: SamplingParams, rule, upsampler=None, rows=None, radius=3, schedule="parallel",
+          window=2, context="visible", kv="refresh", draft_schedule="zipar") -> SpeculativeDecoder:
+    draft = _Frontier(upsampler or NearestUpsampler(), rows=rows, schedule=draft_schedule, window=2)
+    return SpeculativeDecoder(params, draft, rule, LocalScope(radius),
+                              IslandResampler(schedule, window=window, context=context, kv=kv))
+
+
+def _clean(stats) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [{k: v for k, v in s.as_row().items() if not k.startswith("_")} for s in stats]
+
+
+# ----------------------------------------------------------------------------- tau = 0
+@pytest.mark.parametrize("up", ["nearest", "pixel"])
+@pytest.mark.parametrize("rows", [None, 1])
+def test_tau_zero_outputs_the_upsampled_draft(bundle: ModelBundle, up: str, rows: int | None) -> None:
+    models = guided(bundle, SAMPLED)
+    upsampler = NearestUpsampler() if up == "nearest" else PixelUpsampler()
+    decoder = _mulo(SAMPLED, PooledThresholdRule(k=4, tau=0.0), upsampler, rows=rows)
+    out = decoder.generate(models, models.condition(PROMPTS), [1, 2, 3])
+    # every draft accepted: each block commits its proposal as is (position 0 comes from the prefill)
+    run = _last_bound_run(decoder)
+    n, frontier = 64, 1
+    for proposal in run.proposals:
+        width = min(proposal.shape[1], n - frontier)
+        assert torch.equal(out.tokens[:, frontier:frontier + width], proposal[:, :width])
+        frontier += width
+    assert frontier == n
+    assert all(s.accepted == n - 1 and s.extra["resample_forwards"] == 0 for s in out.stats)
+    assert all(s.target_forwards == 1 + len(run.proposals) for s in out.stats)
+
+
+def _last_bound_run(decoder: SpeculativeDecoder):  # type: ignore[no-untyped-def]
+    return _last_run.value
+
+
+class _last_run:  # holder set by the bind patch below
+    value = None
+
+
+@pytest.fixture(autouse=True)
+def _remember_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = _Frontier.start
+
+    def start(self, ctx, canvas):  # type: ignore[no-untyped-def]
+        _last_run.value = original(self, ctx, canvas)
+        return _last_run.value
+
+    monkeypatch.setattr(_Frontier, "start", start)
+
+
+def test_tau_zero_greedy_nearest_is_the_drafters_raster_image_upsampled(bundle: ModelBundle) -> None:
+    """Multi-cycle drafting with nearest up/down (down(up(y)) = y): the committed image is the
+    drafter's own greedy raster image, replicated 2 x 2."""
+    models = guided(bundle, GREEDY)
+    cond = models.condition(PROMPTS)
+    out = _mulo(GREEDY, PooledThresholdRule(k=1, tau=0.0), rows=1, draft_schedule="serial").generate(
+        models, cond, [1, 2, 3])
+    low = guided(ModelBundle(name="d", target=bundle.drafter, conditioner=bundle.conditioner), GREEDY)
+    drafted = RasterDecoder(GREEDY).generate(low, cond, [1, 2, 3]).tokens.view(3, 4, 4)
+    up = drafted.repeat_interleave(2, 1).repeat_interleave(2, 2).flatten(1)
+    assert torch.equal(out.tokens[:, 1:], up[:, 1:])
+
+
+# ----------------------------------------------------------------------------- reject everything
+@pytest.mark.parametrize("rows", [None, 1])
+@pytest.mark.parametrize("context,kv", [("visible", "refresh"), ("masked", "stale")])
+def test_rejecting_everything_with_serial_resampling_is_raster_greedy(
+        bundle: ModelBundle, rows: int | None, context: str, kv: str) -> None:
+    models = guided(bundle, GREEDY)
+    cond = models.condition(PROMPTS)
+    raster = RasterDecoder(GREEDY).generate(models, cond, [1, 2, 3])
+    decoder = _mulo(GREEDY, RejectAll(), PixelUpsampler(), rows=rows, schedule="serial", context=context, kv=kv)
+    out = decoder.generate(models, cond, [4, 5, 6])
+    assert torch.equal(out.tokens, raster.tokens)
+    assert all(s.target_forwards == 64 and s.accepted == 0 for s in out.stats), "one forward per token"
+
+
+def test_rejecting_everything_with_parallel_zipar_islands_is_not_raster(bundle: ModelBundle) -> None:
+    """The negative control: ZipAR order inside the (single, whole-block) island changes the
+    conditioning, so the test above can see a resampler that does not decode in raster order."""
+    models = guided(bundle, GREEDY)
+    cond = models.condition(PROMPTS)
+    raster = RasterDecoder(GREEDY).generate(models, cond, [1, 2, 3])
+    out = _mulo(GREEDY, RejectAll(), rows=None, schedule="parallel", window=1).generate(models, cond, [1, 2, 3])
+    assert not torch.equal(out.tokens, raster.tokens)
+    assert all(s.target_forwards < 64 for s in out.stats)
+
+
+# ----------------------------------------------------------------------------- local scope
+def _brute_force(accept: torch.Tensor, start: int, cols: int, radius: int) -> tuple[set, int]:
+    """R_X and t0 by the paper's definition, for one row."""
+    rejected = [o for o in range(accept.shape[0]) if not accept[o]]
+    if not rejected:
+        return set(), accept.shape[0]
+    t0 = rejected[0]
+    out = set()
+    for t in rejected:
+        rt, ct = divmod(start + t, cols)
+        for u in range(t0, accept.shape[0]):
+            ru, cu = divmod(start + u, cols)
+            if abs(ru - rt) <= radius and abs(cu - ct) <= radius:
+                out.add(u)
+    return out, t0
+
+
+@pytest.mark.parametrize("radius", [0, 1, 2, 3])
+def test_local_scope_matches_its_definition(radius: int) -> None:
+    g = torch.Generator().manual_seed(radius)
+    grid, length = (8, 8), 20
+    start = torch.tensor([1, 9, 20, 50])  # the last block runs past the end (14 valid)
+    accept = torch.rand(4, length, generator=g) > 0.1
+    accept[1] = True  # nothing rejected
+    res = LocalScope(radius).bind(length).resolve(accept, 64 - start, grid)
+    for b in range(4):
+        valid = min(length, 64 - int(start[b]))
+        expanded, t0 = _brute_force(accept[b, :valid], int(start[b]), 8, radius)
+        assert int(res.first[b]) == (t0 if expanded else length)
+        got = set(torch.nonzero(res.resample[b]).flatten().tolist()) | ({t0} if t0 < valid else set())
+        assert got == expanded
+        assert all(o >= t0 for o in got), "never before t0"
+        kept = set(torch.nonzero(res.keep[b]).flatten().tolist())
+        assert kept == set(range(valid)) - expanded, "every other draft is kept, also after t0"
+        assert int(res.advance[b]) == valid
+        if radius == 0:
+            assert got == {o for o in range(valid) if not accept[b, o]}, "naive local = the rejected set"
+
+
+def test_local_scope_never_touches_positions_before_the_first_rejection() -> None:
+    accept = torch.ones(1, 16, dtype=torch.bool)
+    accept[0, 9] = False  # row 1, col 1 of an 8-wide grid with the block starting at 0
+    res = LocalScope(3).bind(16).resolve(accept, torch.tensor([64]), (8, 8))
+    assert int(res.first[0]) == 9
+    assert not res.resample[0, :9].any() and res.keep[0, :9].all()
+    assert res.resample[0, 10:13].all() and not res.resample[0, 13:].any()  # cols 2..4 of row 1
+
+
+# ----------------------------------------------------------------------------- islands
+def test_island_labels_match_scipy() -> None:
+    g = torch.Generator().manual_seed(0)
+    members = torch.rand(3, 64, generator=g) > 0.6
+    labels = block_islands(members, torch.zeros(3, dtype=torch.long), (8, 8))
+    for b in range(3):
+        ref, count = ndimage.label(members[b].view(8, 8).numpy(), structure=[[1, 1, 1]] * 3)
+        ours = labels[b].view(8, 8)
+        assert len(set(ours[members[b].view(8, 8)].tolist())) == count
+        for i in range(64):
+            for j in range(64):
+                if members[b, i] and members[b, j]:
+                    assert (ref.flat[i] == ref.flat[j]) == bool(labels[b, i] == labels[b, j])
+
+
+def test_island_schedule_advances_islands_together_zipar_style() -> None:
+    resample = torch.zeros(1, 32, dtype=torch.bool)
+    for o in (0, 1, 2, 8, 9, 10, 16, 17, 18, 6, 7, 14, 15):  # a 3 x 3 island and a 2 x 2 island
+        resample[0, o] = True
+    first = torch.tensor([0])
+    resample[0, 0] = False  # t0 is drawn by the verification
+    steps, labels = island_steps(resample, first, torch.zeros(1, dtype=torch.long), (4, 8), window=1)
+    assert len(set(labels[0][labels[0] >= 0].tolist())) == 2
+    # island A: row 0: (1, 2) -> steps 0, 1; row 1 starts at 1: 8, 9, 10 -> 1, 2, 3; row 2: 2, 3, 4
+    # island B: row 0: 6, 7 -> 0, 1; row 1: 14, 15 -> 1, 2
+    expect = {1: 0, 2: 1, 8: 1, 9: 2, 10: 3, 16: 2, 17: 3, 18: 4, 6: 0, 7: 1, 14: 1, 15: 2}
+    assert {o: int(steps[0, o]) for o in expect} == expect
+
+
+def test_parallel_resampling_of_one_island_equals_serial(bundle: ModelBundle) -> None:
+    """One island per block (a 2 x 2 rejection, radius 1), decoded inside the island in raster
+    order (window >= cols): the parallel path (island schedule, per-row inputs) must give the
+    serial result, token for token, with the same number of forwards."""
+    models = guided(bundle, GREEDY)
+    cond = models.condition(PROMPTS)
+    rule = RejectAt({19, 20, 27, 28})  # rows 2-3, cols 3-4 of the 8 x 8 target
+    outs = {}
+    for schedule in ("serial", "parallel"):
+        for context in ("visible", "masked"):
+            dec = _mulo(GREEDY, rule, rows=None, radius=1, schedule=schedule, window=8, context=context)
+            outs[schedule, context] = dec.generate(models, cond, [1, 2, 3])
+    base = outs["serial", "visible"]
+    assert all(s.extra["islands"] == 1 and s.extra["resample_set"] == 11 for s in base.stats), \
+        "rows 2-4, cols 2-5, at or after t0 = 19"
+    for key, out in outs.items():
+        assert torch.equal(out.tokens, base.tokens), key
+        assert [s.target_forwards for s in out.stats] == [s.target_forwards for s in base.stats], key
+    two = _mulo(GREEDY, RejectAt({9, 14}), rows=None, radius=0, schedule="parallel", window=8)
+    stats = two.generate(models, cond, [1, 2, 3]).stats
+    assert all(s.extra["islands"] == 2 and s.extra["resample_forwards"] == 1 for s in stats), \
+        "two islands advance in the same forward"
+
+
+# ----------------------------------------------------------------------------- rule, batch, stats
+def test_pooled_mass_sums_the_neighbourhood() -> None:
+    p = torch.tensor([[[0.1, 0.2, 0.3, 0.4]]])
+    table = torch.tensor([[1, 2], [0, 2], [3, 1], [2, 1]])  # 2 nearest other codes per code
+    assert torch.allclose(pooled_mass(p, torch.tensor([[2]]), table[:, :1]), torch.tensor([[0.7]]))
+    assert torch.allclose(pooled_mass(p, torch.tensor([[2]]), table), torch.tensor([[0.9]]))
+    assert torch.allclose(pooled_mass(p, torch.tensor([[2]]), None), torch.tensor([[0.3]]))
+    with pytest.raises(ValueError, match="tau"):
+        PooledThresholdRule(k=4, tau=1.5)
+
+
+@pytest.mark.parametrize("variant", ["default", "masked-stale-serial-rows1"])
+def test_batch_size_does_not_change_mulo_images(bundle: ModelBundle, variant: str) -> None:
+    overrides = ["decoder=[mulo_sd]", "model=random", "sampling.temperature=1.0", "sampling.top_k=20",
+                 "sampling.cfg_scale=2.0", "decoder.mulo_sd.accept.tau=0.05", "decoder.mulo_sd.accept.k=4"]
+    if variant != "default":
+        overrides += ["decoder.mulo_sd.resampler.context=masked", "decoder.mulo_sd.resampler.kv=stale",
+                      "decoder.mulo_sd.draft.schedule=serial", "decoder.mulo_sd.draft.rows=1"]
+    decoder = _build(compose_cfg(overrides).decoder.mulo_sd)
+    models = guided(bundle, decoder.sampling)
+    specs = plan(shapes(3), images_per_prompt=2, global_seed=5)
+    results = {}
+    for size in (1, 3):
+        rows = {}
+        for i in range(0, len(specs), size):
+            chunk = specs[i : i + size]
+            gen = decoder.generate(models, models.condition([s.prompt.text for s in chunk]), [s.seed for s in chunk])
+            for spec, tokens, stats in zip(chunk, gen.tokens, gen.stats):
+                rows[spec.sample_id] = (tokens, stats.as_row())
+        results[size] = rows
+    for sid, (tokens, stats) in results[1].items():
+        assert torch.equal(tokens, results[3][sid][0]), sid
+        assert stats == results[3][sid][1], sid
+    counts = {row["target_forwards"] for _, row in results[1].values()}
+    assert len(counts) > 1, "images took different numbers of forwards"
+
+
+def test_mulo_stats_split_forwards_by_role(bundle: ModelBundle) -> None:
+    models = guided(bundle, SAMPLED)
+    dec = _mulo(SAMPLED, PooledThresholdRule(k=4, tau=0.05), rows=1, radius=1)
+    for s in dec.generate(models, models.condition(PROMPTS), [1, 2, 3]).stats:
+        extra = s.extra
+        assert s.target_forwards == 1 + extra["verify_forwards"] + extra["resample_forwards"]
+        assert len(s.accepted_per_step) == 1 + extra["verify_forwards"]
+        assert sum(s.accepted_per_step) == s.tokens == 64
+        assert s.accepted + s.resampled + 1 == 64, "every drafted position is kept or resampled"
+        assert s.resampled == extra["resample_set"] >= s.rejection_map.sum() > 0
+        assert extra["islands"] >= 1 and extra["island_size_max"] >= 1
+        assert s.drafter_forwards > 0
+
+
+def test_bad_options_name_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="nearest"):
+        build_upsampler(kind="bilinear")
+    with pytest.raises(ValueError, match="parallel"):
+        IslandResampler(schedule="islands")
+    with pytest.raises(ValueError, match="masked"):
+        IslandResampler(context="hidden")
+    with pytest.raises(ValueError, match="zipar"):
+        LowResDraft(NearestUpsampler(), schedule="rows")
+    with pytest.raises(ValueError, match="train_upsampler"):
+        build_upsampler(kind="learned", weights="/nonexistent/up.safetensors")
+    with pytest.raises(ValueError, match="drafter"):
+        no_drafter = build(grid=4, vocab=16, dim=16)
+        no_drafter.drafter = None
+        _mulo(GREEDY, RejectAll()).generate(no_drafter, no_drafter.condition(["a"]), [0])
+
+
+# ----------------------------------------------------------------------------- experiments
+MULO_EXPERIMENTS = ["main", "ablation_upsampling", "ablation_pooling", "ablation_local", "ablation_parallel",
+                    "ablation_open_questions", "tau_sweep"]
+TINY = ["model=random", "model.grid=4", "model.dim=16", "model.vocab=16", "model.n_layer=1",
+        "evaluator=[speed]", "dataset_limit=1", "batch_size=1", "warmup_batches=0", "threads=1"]
+
+
+@pytest.mark.parametrize("name", MULO_EXPERIMENTS)
+def test_mulo_experiments_compose_and_run_tiny(name: str, tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    overrides = [f"+experiment={name}", *TINY]
+    cfg = compose_cfg(overrides)
+    sweep = OmegaConf.select(cfg, "hydra.sweeper.params") if "hydra" in cfg else None
+    swept = dict((OmegaConf.load(CONF / "experiment" / f"{name}.yaml").get("hydra") or {})
+                 .get("sweeper", {}).get("params", {}))
+    if swept:  # a sweep: MULTIRUN by itself, and its first point runs
+        assert OmegaConf.load(CONF / "experiment" / f"{name}.yaml").hydra.mode == "MULTIRUN"
+        assert sorted(cfg.swept_keys) == sorted(swept)
+        point = [f"{k}={str(v).split(',')[0]}" for k, v in swept.items()]
+        cfg = compose_cfg(overrides + point)
+    del sweep
+    for key in list(cfg.decoder):
+        up = cfg.decoder[key].get("draft", {}).get("upsampler")
+        if up is not None and up.kind == "learned":
+            up.weights = None  # the shipped weights are trained for the shapes codebook
+    summary = run(cfg, tmp_path)
+    decoders = set(summary.decoder)
+    assert decoders == set(cfg.decoder), decoders
+    assert (summary.metric == "target_forwards").any()
