@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from harness.shapes.train_gpt import train_gpt
+from harness.shapes.train_gpt import save_gpt, train_gpt
 from harness.shapes.train_tokenizer import train_tokenizer
-from harness.shapes.weights import WEIGHTS_DIR, write_manifest
+from harness.shapes.weights import WEIGHTS_DIR, load_gpt, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,11 @@ def install(out: Path, metrics: dict[str, Any], dest: Path = WEIGHTS_DIR) -> dic
     """Copy the trained files into `dest` and write the manifest (sha256, config, losses)."""
     dest.mkdir(parents=True, exist_ok=True)
     files = ["tokenizer.safetensors"] + [f"{r}.safetensors" for r in GPTS if (out / r / f"{r}.safetensors").exists()]
-    for name in files:
-        src = out / ("tokenizer" if name == "tokenizer.safetensors" else name.removesuffix(".safetensors")) / name
-        shutil.copyfile(src, dest / name)
+    shutil.copyfile(out / "tokenizer" / "tokenizer.safetensors", dest / "tokenizer.safetensors")
+    for name in files[1:]:
+        # GPTs ship in fp16 (half the bytes; loading casts back to fp32).
+        role = name.removesuffix(".safetensors")
+        save_gpt(load_gpt(out / role / name), dest / name, metrics.get(role, {}), dtype=torch.float16)
     info = {"recipe": {"tokenizer": TOKENIZER, "gpts": GPTS}, "commit": _commit(),
             "torch": torch.__version__, "metrics": metrics}
     return write_manifest(dest, files, info)

@@ -70,12 +70,13 @@ def _save_ckpt(path: Path, gpt: GPT, opt: torch.optim.Optimizer, step: int) -> N
     os.replace(tmp, path)
 
 
-def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any]) -> None:
-    """Weights as safetensors with the GPTConfig (and `extra`) in the metadata; atomic."""
+def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
+    """Weights (as `dtype`) in safetensors with the GPTConfig (and `extra`) in the metadata; atomic."""
     cfg = asdict(gpt.cfg)
-    state = {k: v.detach().contiguous().cpu() for k, v in gpt.state_dict().items()}
+    state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in gpt.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
     save_file(state, str(tmp), metadata={"config": json.dumps(cfg), "extra": json.dumps(extra)})
+    os.chmod(tmp, 0o644)  # safetensors creates the file owner-only
     os.replace(tmp, path)
 
 

@@ -72,7 +72,7 @@ def load_gpt(path: Path, device: str = "cpu") -> GPT:
     cfg["grid"] = tuple(cfg["grid"])
     gpt = GPT(GPTConfig(**cfg))
     try:
-        gpt.load_state_dict(state, strict=True)
+        gpt.load_state_dict(state, strict=True)  # copies (and casts fp16 files) into fp32 parameters
     except RuntimeError as err:
         raise WeightsError(f"{path} does not match the GPT architecture in its metadata: {err}") from err
     return gpt.eval()
