@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from harness.api import EvalResult, metric_rows
+from harness.rejections import int_list as _ints
+from harness.rejections import rejection_heatmap  # noqa: F401  (re-exported for evaluator users)
 
 log = logging.getLogger(__name__)
 
@@ -58,34 +60,6 @@ def speed_result(stats: pd.DataFrame) -> EvalResult:
     per_sample = _per_sample(stats)
     rows = _timing_rows(stats) + _counter_rows(per_sample)
     return EvalResult(summary=metric_rows(rows), per_sample=per_sample)
-
-
-def rejection_heatmap(samples: _HasStats, grid: tuple[int, int] | None = None) -> np.ndarray:
-    """Return the mean number of rejections per token position, [rows, cols] float64.
-
-    Args:
-        samples: a SampleSet whose stats carry `rejection_map` (space-separated ints, raster order).
-        grid: (rows, cols) of the token grid; inferred when the map is square.
-    """
-    stats = samples.stats()
-    maps = [_ints(v) for v in stats.get("rejection_map", pd.Series(dtype=object))]
-    maps = [m for m in maps if m]
-    if not maps:
-        raise ValueError("no rejection maps in the stats; only drafting decoders record them")
-    sizes = sorted({len(m) for m in maps})
-    if len(sizes) > 1:
-        raise ValueError(f"rejection maps have different sizes {sizes}; the set mixes token grids")
-    size = sizes[0]
-    if grid is None:
-        side = math.isqrt(size)
-        if side * side != size:
-            raise ValueError(
-                f"rejection maps have {size} positions, not a square; pass grid=(rows, cols)"
-            )
-        grid = (side, side)
-    if grid[0] * grid[1] != size:
-        raise ValueError(f"grid {grid} does not hold the {size} positions of the rejection maps")
-    return np.asarray(maps, dtype=np.float64).mean(axis=0).reshape(grid)
 
 
 def _validate(stats: pd.DataFrame) -> None:
@@ -198,15 +172,6 @@ def _column(stats: pd.DataFrame, name: str) -> pd.Series:
     if name not in stats.columns:
         return pd.Series(0.0, index=stats.index)
     return stats[name].astype(float).fillna(0.0)
-
-
-def _ints(value: object) -> list[int]:
-    """Parse a space-separated integer list as written by DecodeStats.as_row() (CSV-safe)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return []
-    if isinstance(value, (int, float, np.integer, np.floating)):  # a one-item list read from CSV
-        return [int(value)]
-    return [int(token) for token in str(value).split()]
 
 
 def _row(metric: str, value: float, stderr: float, n: int, higher_is_better: bool) -> dict:
