@@ -28,10 +28,10 @@ class RasterDecoder:
         model.setup_cache(b)
         logits = model.prefill(cond)  # [B, V] for position 0
         tokens = torch.empty(b, n, dtype=torch.long, device=logits.device)
+        positions = torch.arange(n, device=logits.device)  # sliced per step: no allocation in the loop
         for i in range(n):
             tokens[:, i] = sample(logits, self.sampling, gens).to(logits.device)
             if i + 1 < n:
-                pos = torch.tensor([i], device=logits.device)
-                logits = model.forward(tokens[:, i : i + 1], pos)[:, 0]
+                logits = model.forward(tokens[:, i : i + 1], positions[i : i + 1])[:, 0]
         stats = [DecodeStats(target_forwards=n, tokens=n, accepted_per_step=[1] * n) for _ in range(b)]
         return Generation(tokens=tokens, stats=stats)
