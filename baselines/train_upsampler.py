@@ -12,7 +12,7 @@ Every objective also trains the down-sampler head with cross-entropy against the
 scene rendered at the drafter's resolution. Data: freshly sampled scenes, batch s of seed S is a
 pure function of (S, s); the module's and the discriminator's initialisations are seeded.
 
-    python -m baselines.train_upsampler --objective gan --steps 3000 \
+    python -m baselines.train_upsampler --objective gan --steps 600 \
         --out baselines/weights/upsampler_gan.safetensors
 """
 from __future__ import annotations
@@ -69,11 +69,8 @@ class PatchDiscriminator(nn.Module):
 def perceptual(vq: ShapesVQ, recon: Tensor, target: Tensor) -> Tensor:
     """Mean L1 distance between the frozen VQ encoder's activations of recon and target
     ([B, 3, H, W] in [-1, 1]), over every layer of the encoder."""
-    loss, a, b = recon.new_zeros(()), recon, target
-    for layer in vq.encoder.net:
-        a, b = layer(a), layer(b)
-        loss = loss + (a - b.detach()).abs().mean()
-    return loss / len(vq.encoder.net)
+    ours, theirs = vq.encoder.activations(recon), vq.encoder.activations(target)
+    return sum((a - b.detach()).abs().mean() for a, b in zip(ours, theirs, strict=True)) / len(ours)
 
 
 def up_loss(module: LatentUpsampler, vq: ShapesVQ, objective: str, low: Tensor, high: Tensor,
@@ -165,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="ShapesVQ .safetensors (default: the shipped, sha256-checked tokenizer)")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=600, help="the shipped weights: 600")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)

@@ -2,6 +2,7 @@
 ablations (paper.md §10.2) on the same prompts.
 
     python benchmarks/mulo.py [--model shapes|random] [--images 16] [--reps 2] [--fid]
+                              [--quality-images 96] [--quality-batch 8]
                               [--ablations] [--device auto] [--threads 1] [hydra overrides ...]
 
 Main table, per decoder: target / drafter forwards per image, the target's split into verify and
@@ -11,6 +12,10 @@ ground-truth renders. Ablation tables: (a) up-samplers, (b) pooling k x tau, (c)
 l = 0..4, (d) serial/parallel drafting x resampling, and the two open questions; each row with
 speed-up, step compression, acceptance and GenEval. Decoder variants are composed from the
 experiment configs (conf/experiment/ablation_*.yaml), so the benchmark measures what they run.
+
+Timing needs few images, a 2-point GenEval difference needs many: with `--quality-images N`,
+GenEval and FID are scored on N images (the first `--images` of them are the timed ones) decoded
+untimed at batch `--quality-batch`; forwards and acceptance stay those of the timed batch-1 run.
 """
 from __future__ import annotations
 
@@ -86,9 +91,21 @@ def fid_score(evaluator: Any, models: ModelBundle, specs: Sequence[SampleSpec], 
     return float(row.value.iloc[0]) if len(row) else float("nan")
 
 
+def quality_sample(decoder: Any, models: ModelBundle, specs: Sequence[SampleSpec], timed: torch.Tensor,
+                   timed_stats: Sequence[DecodeStats], batch: int, device: torch.device
+                   ) -> tuple[torch.Tensor, list[DecodeStats]]:
+    """The timed images plus the rest of `specs` decoded (untimed) at `batch`."""
+    if len(specs) <= len(timed):
+        return timed, list(timed_stats)
+    _, tokens, stats = decode_all(decoder, models, specs[len(timed):], batch, device)
+    return torch.cat([timed, tokens]), [*timed_stats, *stats]
+
+
 def measure(decoders: dict[str, Any], models: ModelBundle, specs: Sequence[SampleSpec], reps: int,
-            device: torch.device, evaluators: dict[str, Any], fid: bool, tmp: Path) -> list[dict[str, Any]]:
-    """Batch-1 timings (interleaved repetitions) and quality of every decoder; raster first."""
+            device: torch.device, evaluators: dict[str, Any], fid: bool, tmp: Path,
+            quality_specs: Sequence[SampleSpec] = (), quality_batch: int = 8) -> list[dict[str, Any]]:
+    """Batch-1 timings (interleaved repetitions) and quality of every decoder; raster first.
+    Quality is scored on `quality_specs` when given (they must start with `specs`)."""
     times: dict[str, list[float]] = {name: [] for name in decoders}
     outputs: dict[str, tuple[torch.Tensor, list[DecodeStats]]] = {}
     for dec in decoders.values():  # warm-up, untimed
@@ -101,12 +118,14 @@ def measure(decoders: dict[str, Any], models: ModelBundle, specs: Sequence[Sampl
             outputs.setdefault(name, (tokens, stats))
     base = statistics.median(times["raster"])
     rows = []
+    scored = list(quality_specs) or list(specs)
     for name in decoders:
         tokens, stats = outputs[name]
+        q_tokens, q_stats = quality_sample(decoders[name], models, scored, tokens, stats, quality_batch, device)
         row = {"decoder": name, **summarise(stats), "s_img": statistics.median(times[name]) / len(specs),
                "speedup": base / statistics.median(times[name]),
-               "geneval": geneval_score(evaluators["geneval"], models, specs, tokens, stats, tmp / f"g_{name}"),
-               "fid": fid_score(evaluators["fid"], models, specs, tokens, tmp / f"f_{name}") if fid else float("nan")}
+               "geneval": geneval_score(evaluators["geneval"], models, scored, q_tokens, q_stats, tmp / f"g_{name}"),
+               "fid": fid_score(evaluators["fid"], models, scored, q_tokens, tmp / f"f_{name}") if fid else float("nan")}
         rows.append(row)
         log.info("%s: %s", name, {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
     return rows
@@ -145,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--fid", action="store_true", help="score FID (shapes ground truth) beside GenEval")
+    ap.add_argument("--quality-images", type=int, default=0,
+                    help="score GenEval/FID on this many images (>= --images; 0: the timed ones)")
+    ap.add_argument("--quality-batch", type=int, default=8, help="batch of the untimed quality decode")
     ap.add_argument("--ablations", action="store_true", help="also run the paper's ablations (§10.2)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -160,16 +182,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
     decoders = {name: _build(cfg.decoder[name]) for name in MAIN}
     models = guided(bundle, decoders["raster"].sampling)
-    specs = plan(shapes(a.images), images_per_prompt=1, global_seed=cfg.seed)
+    if a.quality_images and a.quality_images < a.images:
+        ap.error(f"--quality-images {a.quality_images} must be 0 or >= --images {a.images}")
+    # shapes(n) is a prefix of shapes(m) for n < m: the timed images are the first quality images
+    quality = plan(shapes(a.quality_images), images_per_prompt=1, global_seed=cfg.seed) if a.quality_images else []
+    specs = quality[: a.images] if quality else plan(shapes(a.images), images_per_prompt=1, global_seed=cfg.seed)
     evaluators = {"geneval": _build(cfg.evaluator.geneval_shapes), "fid": _build(cfg.evaluator.fid_shapes)}
     print(f"model={a.model} images={a.images} reps={a.reps} batch=1 device={device} "
-          f"threads={torch.get_num_threads()} sampling={decoders['raster'].sampling}")
+          f"threads={torch.get_num_threads()} sampling={decoders['raster'].sampling} "
+          f"quality_images={len(quality) or a.images}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main")
+        rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
+                       quality, a.quality_batch)
         print(table("== main (batch 1)", rows), flush=True)
         if a.ablations:
             for title, decs in ablation_decoders(a.model, a.overrides).items():
-                rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title)
+                rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,
+                               quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)
 
 

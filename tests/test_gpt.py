@@ -11,10 +11,12 @@ from harness.models.guidance import Guided
 from harness.models.random_init import build
 
 
-def _gpt(pos_embed: str = "rope2d", n_kv_head: int | None = None) -> GPT:
+def _gpt(pos_embed: str = "rope2d", n_kv_head: int | None = None, broadcast: bool = False,
+         prefix_rope: str = "identity") -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=2, n_head=4, n_kv_head=n_kv_head,
-                    prefix_len=3, caption_dim=16, word_vocab=11, pos_embed=pos_embed)
+                    prefix_len=3, caption_dim=16, word_vocab=11, pos_embed=pos_embed,
+                    cond_broadcast=broadcast, prefix_rope=prefix_rope)
     gpt = GPT(cfg).eval()
     torch.nn.init.normal_(gpt.output.weight, std=0.2)
     if pos_embed == "learned":
@@ -31,10 +33,11 @@ def _tokens(b: int, n: int = 16) -> torch.Tensor:
     return torch.randint(0, 32, (b, n), generator=torch.Generator().manual_seed(2))
 
 
-@pytest.mark.parametrize("pos_embed,n_kv", [("rope2d", None), ("learned", None), ("rope2d", 2)])
+@pytest.mark.parametrize("pos_embed,n_kv,broadcast", [("rope2d", None, False), ("learned", None, False),
+                                                      ("rope2d", 2, False), ("rope2d", None, True)])
 @torch.inference_mode()
-def test_incremental_equals_full_forward(pos_embed: str, n_kv: int | None) -> None:
-    gpt, cond, toks = _gpt(pos_embed, n_kv), _cond(2), _tokens(2)
+def test_incremental_equals_full_forward(pos_embed: str, n_kv: int | None, broadcast: bool) -> None:
+    gpt, cond, toks = _gpt(pos_embed, n_kv, broadcast, "zero" if broadcast else "identity"), _cond(2), _tokens(2)
     full = gpt.forward_train(cond, toks)  # [2, 16, V]
     gpt.setup_cache(2)
     steps = [gpt.prefill(cond)]
@@ -46,6 +49,21 @@ def test_incremental_equals_full_forward(pos_embed: str, n_kv: int | None) -> No
     first = gpt.prefill(cond)
     chunk = gpt.forward_cached(toks[:, :15], torch.arange(15))
     torch.testing.assert_close(torch.cat([first[:, None], chunk], 1), full, atol=1e-5, rtol=0)
+
+
+@torch.inference_mode()
+def test_broadcast_condition_reaches_every_position() -> None:
+    """With cond_broadcast and prefix_rope "zero", changing one caption word changes the logits
+    of every image position; a null condition uses the unconditional embedding (CFG)."""
+    gpt, toks = _gpt(broadcast=True, prefix_rope="zero"), _tokens(1)
+    torch.nn.init.normal_(gpt.cond_broadcast.weight, std=0.2)
+    cond = _cond(1)
+    other = TextCondition(null=cond.null, ids=cond.ids.roll(1, dims=1))
+    a, b = gpt.forward_train(cond, toks), gpt.forward_train(other, toks)
+    assert ((a - b).abs().amax(-1) > 1e-4).all()
+    null = TextCondition(null=torch.ones(1, dtype=torch.bool), ids=cond.ids)
+    null_other = TextCondition(null=torch.ones(1, dtype=torch.bool), ids=other.ids)
+    torch.testing.assert_close(gpt.forward_train(null, toks), gpt.forward_train(null_other, toks))
 
 
 @torch.inference_mode()

@@ -116,6 +116,16 @@ def test_sample_scene_is_deterministic() -> None:
     assert sample_scene(rng) != sample_scene(rng)
 
 
+def test_sample_scene_restricted_to_tags() -> None:
+    """The training curriculum draws captions from a subset of tags; unknown tags are refused."""
+    rng = np.random.default_rng(3)
+    scenes = [sample_scene(rng, ("colors",)) for _ in range(20)]
+    assert {s.meta["tag"] for s in scenes} == {"colors"}
+    assert all(len(s.shapes) == 1 and s.shapes[0].color == s.meta["include"][0]["color"] for s in scenes)
+    with pytest.raises(ValueError, match="subset"):
+        sample_scene(rng, ("colours",))
+
+
 def test_palette() -> None:
     assert list(COLORS) == ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown",
                             "black", "white"]

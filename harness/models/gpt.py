@@ -47,6 +47,10 @@ class GPTConfig:
     prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
     caption_dim: int = 64  # width of the condition features fed to cls_embedding
     word_vocab: int = 0  # > 0: the model owns a word embedding (captions given as word ids)
+    # True: the whole caption, flattened and projected to one vector [dim], is also added to every
+    # image token's input embedding, so each position reads the caption without attention (the
+    # shapes world's models; official checkpoints condition through the prefix only).
+    cond_broadcast: bool = False
     dropout: float = 0.0
     cond_dropout: float = 0.1  # probability of the unconditional embedding in training (CFG)
 
@@ -235,6 +239,8 @@ class GPT(nn.Module):
         else:
             self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.prefix_len)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        if cfg.cond_broadcast:
+            self.cond_broadcast = nn.Linear(cfg.prefix_len * cfg.caption_dim, cfg.dim)
         self.tok_dropout = nn.Dropout(cfg.dropout)
         if cfg.pos_embed == "learned":
             self.pos_embedding = nn.Parameter(torch.zeros(cfg.prefix_len + cfg.n_tokens, cfg.dim))
@@ -247,6 +253,7 @@ class GPT(nn.Module):
         table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope)
         self.register_buffer("rope_table", table, persistent=False)
         self.prefix_keep: Tensor | None = None  # [B, P] bool caption padding mask of the cached rows
+        self.cond_bias: Tensor | None = None  # [B, 1, dim] broadcast condition of the cached rows
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -260,15 +267,34 @@ class GPT(nn.Module):
     def slots(self) -> int:
         return self.cfg.prefix_len + self.cfg.n_tokens
 
-    def prefix_embeddings(self, cond: TextCondition) -> Tensor:
-        """Condition -> prefix embeddings [B, P, dim]."""
+    def _condition_features(self, cond: TextCondition) -> Tensor:
+        """Condition -> features [B, P, caption_dim] (null rows: zeros, or the learned
+        unconditional embedding of the caption MLP)."""
         feats = cond.features if cond.ids is None else self.word_embeddings(cond.ids)
         if feats.shape[1] != self.cfg.prefix_len:
             raise ValueError(f"condition has {feats.shape[1]} tokens, the model expects {self.cfg.prefix_len}")
         if self.cfg.cond_embed == "linear":
-            feats = torch.where(cond.null[:, None, None], torch.zeros_like(feats), feats)
+            return torch.where(cond.null[:, None, None], torch.zeros_like(feats), feats)
+        return torch.where(cond.null[:, None, None], self.cls_embedding.uncond_embedding.to(feats.dtype), feats)
+
+    def prefix_embeddings(self, cond: TextCondition) -> Tensor:
+        """Condition -> prefix embeddings [B, P, dim]."""
+        return self._prefix(self._condition_features(cond))
+
+    def _prefix(self, feats: Tensor) -> Tensor:
+        if self.cfg.cond_embed == "linear":
             return self.clip_proj(feats.to(self.clip_proj.weight.dtype))
-        return self.cls_embedding(feats, cond.null)
+        return self.cls_embedding.cap_proj(feats)
+
+    def _broadcast(self, feats: Tensor) -> Tensor | None:
+        """features [B, P, caption_dim] -> the per-image-token condition [B, 1, dim], or None."""
+        if not self.cfg.cond_broadcast:
+            return None
+        return self.cond_broadcast(feats.flatten(1).to(self.cond_broadcast.weight.dtype))[:, None]
+
+    def _embed_tokens(self, tokens: Tensor, bias: Tensor | None) -> Tensor:
+        x = self.tok_embeddings(tokens)
+        return x if bias is None else x + bias.to(x.dtype)
 
     def _positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
         """Add absolute embeddings or return the rotary table for slots [B, T]."""
@@ -289,7 +315,8 @@ class GPT(nn.Module):
         """Teacher forcing. tokens [B, N] -> logits [B, N, V] where logits[:, i] predicts tokens[:, i].
         prefix_mask [B, P] bool (True = real caption token) or None."""
         b = tokens.shape[0]
-        x = torch.cat([self.prefix_embeddings(cond), self.tok_embeddings(tokens[:, :-1])], dim=1)
+        feats = self._condition_features(cond)
+        x = torch.cat([self._prefix(feats), self._embed_tokens(tokens[:, :-1], self._broadcast(feats))], dim=1)
         slots = torch.arange(x.shape[1], device=x.device).expand(b, -1)
         mask = None
         if prefix_mask is not None:
@@ -308,13 +335,16 @@ class GPT(nn.Module):
             att = layer.attention
             att.kv_cache = KVCache(batch_size, att.n_kv_head, self.slots, att.head_dim, dtype or p.dtype, p.device)
         self.prefix_keep = None
+        self.cond_bias = None
 
     def prefill(self, cond: TextCondition, prefix_mask: Tensor | None = None) -> Tensor:
         """Write the prefix into slots [0, P); return logits [B, V] for image position 0.
         prefix_mask [B, P] bool (True = real caption token; None = all real) is kept for every
         later forward until the next `setup_cache`/`prefill`: a padded prefix slot is attended
         only by itself (LlamaGen's `emb_masks`)."""
-        x = self.prefix_embeddings(cond)
+        feats = self._condition_features(cond)
+        x = self._prefix(feats)
+        self.cond_bias = self._broadcast(feats)
         b, p = x.shape[:2]
         self.prefix_keep = None if prefix_mask is None else prefix_mask.to(x.device, torch.bool)
         slots = torch.arange(p, device=x.device).expand(b, -1)
@@ -340,7 +370,7 @@ class GPT(nn.Module):
             mask = slots[:, :, None] >= torch.arange(self.slots, device=tokens.device)
         elif mask.shape != (b, t, self.slots):
             raise ValueError(f"mask must have shape {(b, t, self.slots)}, got {tuple(mask.shape)}")
-        return self._run(self.tok_embeddings(tokens), slots, mask.unsqueeze(1))
+        return self._run(self._embed_tokens(tokens, self.cond_bias), slots, mask.unsqueeze(1))
 
     def _run(self, x: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """x [B, T, dim], slots [B, T], mask [B, 1, T, S] -> logits [B, T, V]."""

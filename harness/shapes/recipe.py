@@ -27,14 +27,18 @@ from harness.shapes.weights import WEIGHTS_DIR, load_gpt, write_manifest
 log = logging.getLogger(__name__)
 
 # The recipe of record: changing a value here changes the shipped weights.
-TOKENIZER = dict(steps=600, batch_size=64, seed=0, lr=2e-3, log_every=50, ckpt_every=200)
+# The patch encoder makes every token a function of its own 4x4 pixels: a flat background patch
+# always gets the same code (token entropy 1.3 nats at 64 px, against 4.6 with the conv encoder).
+TOKENIZER = dict(steps=600, batch_size=64, seed=0, lr=2e-3, log_every=50, ckpt_every=200, encoder="patch")
 GPTS: dict[str, dict[str, Any]] = {
     # The target starts from the trained drafter (LlamaGen trains its 512 px stage from the 256 px
-    # one): from scratch, 700 steps had not yet learned to use the caption at all.
-    "target": dict(steps=1000, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4, seed=0,
-                   init_from="drafter", warmup=20),
-    "drafter": dict(steps=2500, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4, seed=1),
-    "small_drafter": dict(steps=1500, batch_size=32, lr=2e-3, dim=256, n_layer=1, n_head=4, seed=2),
+    # one), which already reads the caption (see train_gpt's curriculum).
+    "target": dict(steps=1500, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4, seed=0,
+                   init_from="drafter", warmup=20, cond_broadcast=True),
+    "drafter": dict(steps=3000, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4, seed=1,
+                    focus_steps=400, cond_broadcast=True),
+    "small_drafter": dict(steps=1500, batch_size=32, lr=2e-3, dim=256, n_layer=1, n_head=4, seed=2,
+                          focus_steps=400),
 }
 
 

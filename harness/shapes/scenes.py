@@ -177,10 +177,14 @@ def scene_for_caption(meta: Meta, rng: np.random.Generator) -> Scene:
     return Scene(shapes=shapes, caption=meta["prompt"], meta=meta)
 
 
-def sample_scene(rng: np.random.Generator) -> Scene:
-    """A random scene: tag uniform over GenEval's six, caption uniform in the grammar for that
-    tag, then a layout consistent with it. Deterministic given the generator state."""
-    tag = TAGS[int(rng.integers(len(TAGS)))]
+def sample_scene(rng: np.random.Generator, tags: tuple[str, ...] = TAGS) -> Scene:
+    """A random scene: tag uniform over `tags` (default GenEval's six), caption uniform in the
+    grammar for that tag, then a layout consistent with it. Deterministic given the generator
+    state."""
+    unknown = set(tags) - set(TAGS)
+    if not tags or unknown:
+        raise ValueError(f"tags must be a non-empty subset of {TAGS}, got {tags}")
+    tag = tags[int(rng.integers(len(tags)))]
     return scene_for_caption(sample_meta(tag, rng), rng)
 
 

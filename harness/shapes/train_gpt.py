@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT, GPTConfig
-from harness.shapes.captions import MAX_WORDS, VOCAB, tokenize
+from harness.shapes.captions import MAX_WORDS, TAGS, VOCAB, tokenize
 from harness.shapes.scenes import render, sample_scene
 from harness.shapes.vq import ShapesVQ, load_tokenizer
 
@@ -36,20 +36,27 @@ DOWNSAMPLE = 4
 ROLES = {"target": 64, "drafter": 32}  # image size per role; tokens = size / 4 per side
 
 
-def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int) -> GPTConfig:
+def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
+               cond_broadcast: bool = False) -> GPTConfig:
     """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter")."""
     size = ROLES["target" if role == "small_drafter" else role]
     grid = size // DOWNSAMPLE
+    # prefix_rope "zero" (LlamaGen's choice): caption slots get zero queries and keys, so every
+    # image position sees the caption with position-independent scores. With unrotated ("identity")
+    # caption keys the scores oscillate with the image position's rotary angle; a drafter trained
+    # so for 1300 steps had not begun to read the caption (colour and shape words changed the
+    # likelihood of an image by < 0.1 nat).
     return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
-                     prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1)
+                     prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1,
+                     prefix_rope="zero", cond_broadcast=cond_broadcast)
 
 
 def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
-          cond_dropout: float) -> tuple[TextCondition, torch.Tensor]:
+          cond_dropout: float, tags: tuple[str, ...] = TAGS) -> tuple[TextCondition, torch.Tensor]:
     """The training batch of `step`: (condition [B], tokens [B, (size/4)^2]), a function of
-    (seed, step) only."""
+    (seed, step, tags) only; captions are drawn from `tags`."""
     rng = np.random.default_rng([seed, step])
-    scenes = [sample_scene(rng) for _ in range(batch_size)]
+    scenes = [sample_scene(rng, tags) for _ in range(batch_size)]
     images = torch.from_numpy(np.stack([render(s, size) for s in scenes])).permute(0, 3, 1, 2)
     tokens = tokenizer.encode(images).flatten(1)
     null = torch.from_numpy(rng.random(batch_size) < cond_dropout)
@@ -96,8 +103,18 @@ def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: 
 def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, batch_size: int = 32,
               lr: float = 2e-3, warmup: int = 100, dim: int = 256, n_layer: int = 4, n_head: int = 4,
               seed: int = 0, ckpt_every: int = 100, log_every: int = 25, bf16: bool = True,
-              init_from: Path | None = None) -> dict[str, Any]:
+              init_from: Path | None = None, focus_steps: int = 0,
+              focus_tags: tuple[str, ...] = ("colors",), cond_broadcast: bool = False) -> dict[str, Any]:
     """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
+
+    Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from all
+    six tags. Colour captions on one shape make the caption the only source of the colour, and the
+    model learns to read the prefix within a few hundred steps; on the uniform mix alone a drafter
+    had not started to after 1300 steps.
+
+    `cond_broadcast`: also add the projected caption to every image token's input (GPTConfig);
+    with the same curriculum a drafter read colour and shape words after 800 steps about as well
+    as one without it after 1800.
 
     `init_from`: a trained GPT (safetensors) of the same architecture to start from, e.g. the
     target starts from the half-resolution drafter as LlamaGen's stage 2 starts from stage 1 (the
@@ -106,7 +123,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     tokenizer = load_tokenizer(tokenizer_path)
     size = ROLES["target" if role == "small_drafter" else role]
     torch.manual_seed(seed)
-    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head)).train()
+    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast)).train()
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
@@ -126,7 +143,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     log.info("%s: %.2fM parameters, grid %s", role, gpt.num_params() / 1e6, gpt.cfg.grid)
     t0, loss_ema = time.perf_counter(), None
     for step in range(start, steps):
-        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout)
+        tags = tuple(focus_tags) if step < focus_steps else TAGS
+        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, tags)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -144,7 +162,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
             _save_ckpt(ckpt, gpt, opt, step + 1)
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
-               "batch_size": batch_size, "lr": lr, "seed": seed}
+               "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps}
     save_gpt(gpt.eval(), out_dir / f"{role}.safetensors", metrics)
     log.info("%s done: %s", role, metrics)
     return metrics

@@ -219,7 +219,8 @@ def new_state(config: dict[str, Any]) -> TrainState:
     """Freshly initialised model (seeded), optimizer and restart generator."""
     torch.manual_seed(config["seed"])
     model = ShapesVQ(codebook_size=config["codebook_size"], code_dim=config["code_dim"],
-                     channels=tuple(config["channels"]), res_blocks=config["res_blocks"])
+                     channels=tuple(config["channels"]), res_blocks=config["res_blocks"],
+                     encoder=config.get("encoder", "conv"))
     return TrainState(model=model,
                       optimizer=make_optimizer(model, config["lr"], config["weight_decay"]),
                       generator=torch.Generator().manual_seed(config["seed"]),
@@ -305,6 +306,7 @@ def train_tokenizer(
     ckpt_every: int,
     channels: tuple[int, int, int] = (32, 64, 96),
     res_blocks: int = 1,
+    encoder: str = "conv",
     codebook_size: int = 512,
     code_dim: int = 8,
     low_res_share: float = 0.5,
@@ -329,7 +331,7 @@ def train_tokenizer(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr,
-              "channels": list(channels), "res_blocks": res_blocks,
+              "channels": list(channels), "res_blocks": res_blocks, "encoder": encoder,
               "codebook_size": codebook_size, "code_dim": code_dim,
               "low_res_share": low_res_share, "edge_weight": edge_weight,
               "weight_decay": weight_decay, "warmup": warmup, "restart_every": restart_every,
@@ -406,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ckpt-every", type=int, default=200)
     parser.add_argument("--channels", type=int, nargs=3, default=(32, 64, 96))
     parser.add_argument("--res-blocks", type=int, default=1)
+    parser.add_argument("--encoder", choices=["conv", "patch"], default="conv",
+                        help="conv: ~50 px receptive field; patch: each token sees its own 4x4 patch")
     parser.add_argument("--edge-weight", type=float, default=4.0)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--warmup", type=int, default=100)
@@ -419,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     train_tokenizer(args.out, steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                     lr=args.lr, resume=not args.no_resume, log_every=args.log_every,
                     ckpt_every=args.ckpt_every, channels=tuple(args.channels),
-                    res_blocks=args.res_blocks, low_res_share=args.low_res_share,
+                    res_blocks=args.res_blocks, encoder=args.encoder, low_res_share=args.low_res_share,
                     edge_weight=args.edge_weight, weight_decay=args.weight_decay,
                     warmup=args.warmup, restart_every=args.restart_every, bf16=not args.fp32,
                     eval_images=args.eval_images)

@@ -72,6 +72,40 @@ class Encoder(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
+    def activations(self, x: Tensor) -> list[Tensor]:
+        """The output of every layer (a perceptual-loss feature stack); the last is forward(x)."""
+        out = []
+        for layer in self.net:
+            x = layer(x)
+            out.append(x)
+        return out
+
+
+class PatchEncoder(nn.Module):
+    """[B, 3, H, W] -> [B, code_dim, H/4, W/4]: each latent is a function of its own 4x4 pixel
+    patch only (a stride-4 patch projection, then per-token residual MLP layers as 1x1 convs).
+    A token therefore never depends on its neighbours or on the image border: a flat background
+    patch has one code wherever it lies, which keeps the token sequences the GPTs model simple."""
+
+    def __init__(self, width: int, blocks: int, code_dim: int) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, DOWNSAMPLE, stride=DOWNSAMPLE)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.SiLU(), nn.Conv2d(width, width, 1), nn.SiLU(), nn.Conv2d(width, width, 1))
+            for _ in range(blocks))
+        self.out = nn.Sequential(nn.SiLU(), nn.Conv2d(width, code_dim, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activations(x)[-1]
+
+    def activations(self, x: Tensor) -> list[Tensor]:
+        """The patch projection, every residual block and the latents (the last entry)."""
+        out = [self.patch(x)]
+        for block in self.blocks:
+            out.append(out[-1] + block(out[-1]))
+        out.append(self.out(out[-1]))
+        return out
+
 
 class Decoder(nn.Module):
     """[B, code_dim, h, w] -> [B, 3, 4h, 4w] (float, ideally in [-1, 1])."""
@@ -97,7 +131,9 @@ class ShapesVQ(nn.Module):
     dimension `code_dim`.
 
     `channels` are the widths at full, half and quarter resolution; `res_blocks` residual blocks
-    per resolution (one more at the quarter-resolution bottleneck).
+    per resolution (one more at the quarter-resolution bottleneck). `encoder="conv"` is the
+    mirror of the decoder (a receptive field of ~50 px); `encoder="patch"` (the shipped
+    tokenizer) sees only each token's own 4x4 patch (`PatchEncoder`, width `channels[2]`).
     """
 
     def __init__(
@@ -107,15 +143,19 @@ class ShapesVQ(nn.Module):
         code_dim: int = 8,
         channels: tuple[int, int, int] = (32, 64, 96),
         res_blocks: int = 1,
+        encoder: str = "conv",
     ) -> None:
         super().__init__()
         if len(channels) != 3:
             raise ValueError(f"channels must give 3 widths (full, 1/2, 1/4 res), got {channels}")
+        if encoder not in ("conv", "patch"):
+            raise ValueError(f"encoder must be 'conv' or 'patch', got {encoder!r}")
         self.codebook_size = codebook_size
         self.code_dim = code_dim
         self.config = {"codebook_size": codebook_size, "code_dim": code_dim,
-                       "channels": list(channels), "res_blocks": res_blocks}
-        self.encoder = Encoder(tuple(channels), res_blocks, code_dim)
+                       "channels": list(channels), "res_blocks": res_blocks, "encoder": encoder}
+        self.encoder: nn.Module = (Encoder(tuple(channels), res_blocks, code_dim) if encoder == "conv"
+                                   else PatchEncoder(channels[2], res_blocks + 1, code_dim))
         self.decoder = Decoder(tuple(channels), res_blocks, code_dim)
         self.embedding = nn.Embedding(codebook_size, code_dim)
         nn.init.normal_(self.embedding.weight)
