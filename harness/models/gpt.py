@@ -111,9 +111,14 @@ class CaptionEmbedder(nn.Module):
         self.cap_proj = MLP(caption_dim, dim, dim)
         self.register_buffer("uncond_embedding", torch.randn(prefix_len, caption_dim) / caption_dim**0.5)
 
-    def forward(self, features: Tensor, null: Tensor) -> Tensor:
-        feats = torch.where(null[:, None, None], self.uncond_embedding.to(features.dtype), features)
-        return self.cap_proj(feats)
+    def with_null(self, features: Tensor, null: Tensor) -> Tensor:
+        """features [B, P, caption_dim] with the rows flagged in null [B] replaced by the
+        unconditional embedding."""
+        return torch.where(null[:, None, None], self.uncond_embedding.to(features.dtype), features)
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Features (null rows already replaced, `with_null`) -> prefix embeddings [B, P, dim]."""
+        return self.cap_proj(features)
 
 
 class FeedForward(nn.Module):
@@ -275,7 +280,7 @@ class GPT(nn.Module):
             raise ValueError(f"condition has {feats.shape[1]} tokens, the model expects {self.cfg.prefix_len}")
         if self.cfg.cond_embed == "linear":
             return torch.where(cond.null[:, None, None], torch.zeros_like(feats), feats)
-        return torch.where(cond.null[:, None, None], self.cls_embedding.uncond_embedding.to(feats.dtype), feats)
+        return self.cls_embedding.with_null(feats, cond.null)
 
     def prefix_embeddings(self, cond: TextCondition) -> Tensor:
         """Condition -> prefix embeddings [B, P, dim]."""
@@ -284,7 +289,7 @@ class GPT(nn.Module):
     def _prefix(self, feats: Tensor) -> Tensor:
         if self.cfg.cond_embed == "linear":
             return self.clip_proj(feats.to(self.clip_proj.weight.dtype))
-        return self.cls_embedding.cap_proj(feats)
+        return self.cls_embedding(feats)
 
     def _broadcast(self, feats: Tensor) -> Tensor | None:
         """features [B, P, caption_dim] -> the per-image-token condition [B, 1, dim], or None."""

@@ -42,10 +42,10 @@ def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
     size = ROLES["target" if role == "small_drafter" else role]
     grid = size // DOWNSAMPLE
     # prefix_rope "zero" (LlamaGen's choice): caption slots get zero queries and keys, so every
-    # image position sees the caption with position-independent scores. With unrotated ("identity")
-    # caption keys the scores oscillate with the image position's rotary angle; a drafter trained
-    # so for 1300 steps had not begun to read the caption (colour and shape words changed the
-    # likelihood of an image by < 0.1 nat).
+    # image position sees the caption with position-independent scores (unrotated "identity" keys
+    # give scores that turn with the image position's rotary angle). Measured on 8x8 drafters
+    # trained 400 steps from scratch on colour captions only: a wrong colour word cost 3.6 nats per
+    # image with "zero", 1.2 with "identity".
     return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
                      prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1,
                      prefix_rope="zero", cond_broadcast=cond_broadcast)
