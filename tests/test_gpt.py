@@ -115,3 +115,29 @@ def test_cfg_scale_one_equals_conditional_model() -> None:
     guided3 = Guided(model, 3.0)
     guided3.setup_cache(2)
     assert not torch.allclose(guided3.prefill(cond), g0, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_word_pos_lets_image_tokens_tell_caption_word_order() -> None:
+    """One layer, prefix_rope "zero", no broadcast: image tokens attend to the caption slots as a
+    set, so swapping two words changes nothing ("red circle and blue square" == "blue circle and
+    red square"); slot embeddings (word_pos) make the order visible."""
+    cond, toks = _cond(1), _tokens(1)
+    swapped = TextCondition(null=cond.null, ids=cond.ids[:, [1, 0, 2]])
+    assert not torch.equal(cond.ids, swapped.ids)
+    for word_pos in (False, True):
+        torch.manual_seed(0)
+        cfg = GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
+                        word_vocab=11, prefix_rope="zero", word_pos=word_pos)
+        gpt = GPT(cfg).eval()
+        torch.nn.init.normal_(gpt.output.weight, std=0.2)
+        if word_pos:
+            torch.nn.init.normal_(gpt.word_pos, std=0.5)
+        a, b = gpt.forward_train(cond, toks), gpt.forward_train(swapped, toks)
+        changed = (a - b).abs().amax().item()
+        assert (changed > 1e-3) == word_pos, (word_pos, changed)
+
+
+def test_word_pos_needs_word_ids() -> None:
+    with pytest.raises(ValueError, match="word_pos needs word-id captions"):
+        GPTConfig(vocab_size=32, grid=(4, 4), word_vocab=0, word_pos=True)

@@ -47,6 +47,11 @@ class GPTConfig:
     prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
     caption_dim: int = 64  # width of the condition features fed to cls_embedding
     word_vocab: int = 0  # > 0: the model owns a word embedding (captions given as word ids)
+    # True (with word_vocab): a learned embedding per caption slot [prefix_len, caption_dim] is added
+    # to the word embeddings. Word ids carry no order by themselves (a real text encoder's features
+    # do), and with prefix_rope "zero" "a red circle and a blue square" and "a blue circle and a red
+    # square" are the same bag of words. Zero at initialisation.
+    word_pos: bool = False
     # True: the whole caption, flattened and projected to one vector [dim], is also added to every
     # image token's input embedding, so each position reads the caption without attention (the
     # shapes world's models; official checkpoints condition through the prefix only).
@@ -61,6 +66,8 @@ class GPTConfig:
             raise ValueError(f"prefix_rope must be 'identity' or 'zero', got {self.prefix_rope!r}")
         if self.cond_embed not in ("caption_mlp", "linear"):
             raise ValueError(f"cond_embed must be 'caption_mlp' or 'linear', got {self.cond_embed!r}")
+        if self.word_pos and self.word_vocab <= 0:
+            raise ValueError("word_pos needs word-id captions (word_vocab > 0)")
         if self.dim % self.n_head:
             raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
 
@@ -239,6 +246,8 @@ class GPT(nn.Module):
         self.cfg = cfg
         if cfg.word_vocab > 0:
             self.word_embeddings = nn.Embedding(cfg.word_vocab, cfg.caption_dim)
+        if cfg.word_pos:
+            self.word_pos = nn.Parameter(torch.zeros(cfg.prefix_len, cfg.caption_dim))
         if cfg.cond_embed == "linear":
             self.clip_proj = nn.Linear(cfg.caption_dim, cfg.dim)
         else:
@@ -275,12 +284,18 @@ class GPT(nn.Module):
     def _condition_features(self, cond: TextCondition) -> Tensor:
         """Condition -> features [B, P, caption_dim] (null rows: zeros, or the learned
         unconditional embedding of the caption MLP)."""
-        feats = cond.features if cond.ids is None else self.word_embeddings(cond.ids)
-        if feats.shape[1] != self.cfg.prefix_len:
-            raise ValueError(f"condition has {feats.shape[1]} tokens, the model expects {self.cfg.prefix_len}")
+        given = (cond.features if cond.ids is None else cond.ids).shape[1]
+        if given != self.cfg.prefix_len:
+            raise ValueError(f"condition has {given} tokens, the model expects {self.cfg.prefix_len}")
+        feats = cond.features if cond.ids is None else self._words(cond.ids)
         if self.cfg.cond_embed == "linear":
             return torch.where(cond.null[:, None, None], torch.zeros_like(feats), feats)
         return self.cls_embedding.with_null(feats, cond.null)
+
+    def _words(self, ids: Tensor) -> Tensor:
+        """Word ids [B, P] -> features [B, P, caption_dim] (+ the slot embedding with word_pos)."""
+        feats = self.word_embeddings(ids)
+        return feats + self.word_pos if self.cfg.word_pos else feats
 
     def prefix_embeddings(self, cond: TextCondition) -> Tensor:
         """Condition -> prefix embeddings [B, P, dim]."""

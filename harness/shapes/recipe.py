@@ -1,6 +1,6 @@
 """The seeded training recipe that reproduces the shipped shapes-world weights:
-tokenizer first, then the target (16x16), the half-resolution drafter (8x8) and the small
-same-resolution drafter, then the manifest.
+tokenizer first, then the GPT stages (the half-resolution 8x8 drafter, the small same-resolution
+drafter, the 16x16 target from the drafter and its refinement), then the manifest.
 
     python -m harness.shapes.recipe --out .cache/shapes_recipe            # train (resumes)
     python -m harness.shapes.recipe --out .cache/shapes_recipe --install  # + copy into the package
@@ -30,16 +30,26 @@ log = logging.getLogger(__name__)
 # The patch encoder makes every token a function of its own 4x4 pixels: a flat background patch
 # always gets the same code (token entropy 1.3 nats at 64 px, against 4.6 with the conv encoder).
 TOKENIZER = dict(steps=600, batch_size=64, seed=0, lr=2e-3, log_every=50, ckpt_every=200, encoder="patch")
+# GPT stages in training order: stage name -> train_gpt arguments, plus `role` (architecture and
+# resolution) and `init_from` (an earlier stage to start from). SHIPPED names the stage whose
+# weights ship under each role's file name.
 GPTS: dict[str, dict[str, Any]] = {
+    "drafter": dict(role="drafter", steps=3000, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4,
+                    seed=1, focus_steps=400, cond_broadcast=True),
+    "small_drafter": dict(role="small_drafter", steps=1500, batch_size=32, lr=2e-3, dim=256, n_layer=1,
+                          n_head=4, seed=2, focus_steps=400),
     # The target starts from the trained drafter (LlamaGen trains its 512 px stage from the 256 px
     # one), which already reads the caption (see train_gpt's curriculum).
-    "target": dict(steps=1500, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4, seed=0,
-                   init_from="drafter", warmup=20, cond_broadcast=True),
-    "drafter": dict(steps=3000, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4, seed=1,
-                    focus_steps=400, cond_broadcast=True),
-    "small_drafter": dict(steps=1500, batch_size=32, lr=2e-3, dim=256, n_layer=1, n_head=4, seed=2,
-                          focus_steps=400),
+    "target": dict(role="target", steps=1500, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4,
+                   seed=0, init_from="drafter", warmup=20, cond_broadcast=True),
+    # A second cosine cycle at half the rate that also grows caption-slot embeddings (word_pos,
+    # zero at the start): without them the caption is a bag of words to the model.
+    "target_refine": dict(role="target", steps=900, batch_size=32, lr=5e-4, dim=256, n_layer=4, n_head=4,
+                          seed=3, init_from="target", warmup=20, cond_broadcast=True, word_pos=True),
+    "drafter_refine": dict(role="drafter", steps=900, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4,
+                           seed=5, init_from="drafter", warmup=20, cond_broadcast=True, word_pos=True),
 }
+SHIPPED = {"target": "target_refine", "drafter": "drafter_refine", "small_drafter": "small_drafter"}
 
 
 def _commit() -> str:
@@ -58,14 +68,36 @@ def stage_tokenizer(out: Path) -> dict[str, Any]:
     return train_tokenizer(folder, **TOKENIZER)
 
 
-def stage_gpt(out: Path, role: str) -> dict[str, Any]:
-    folder = out / role
-    done = folder / f"{role}.safetensors"
-    if done.exists() and (folder / "metrics.json").exists():
+def weights_of(out: Path, stage: str) -> Path:
+    """The safetensors file a finished GPT stage leaves in the working folder."""
+    return out / stage / f"{GPTS[stage]['role']}.safetensors"
+
+
+def stage_order(stages: list[str]) -> list[str]:
+    """`stages` plus every stage they start from, each after the stage it starts from."""
+    order: list[str] = []
+
+    def visit(stage: str) -> None:
+        if stage in order:
+            return
+        parent = GPTS[stage].get("init_from")
+        if parent is not None:
+            visit(parent)
+        order.append(stage)
+
+    for stage in stages:
+        visit(stage)
+    return order
+
+
+def stage_gpt(out: Path, stage: str) -> dict[str, Any]:
+    folder = out / stage
+    if weights_of(out, stage).exists() and (folder / "metrics.json").exists():
         return json.loads((folder / "metrics.json").read_text())
-    kwargs = dict(GPTS[role])
+    kwargs = dict(GPTS[stage])
+    role = kwargs.pop("role")
     if "init_from" in kwargs:
-        kwargs["init_from"] = out / kwargs["init_from"] / f"{kwargs['init_from']}.safetensors"
+        kwargs["init_from"] = weights_of(out, kwargs["init_from"])
     metrics = train_gpt(role, out / "tokenizer" / "tokenizer.safetensors", folder, **kwargs)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
@@ -74,13 +106,14 @@ def stage_gpt(out: Path, role: str) -> dict[str, Any]:
 def install(out: Path, metrics: dict[str, Any], dest: Path = WEIGHTS_DIR) -> dict[str, Any]:
     """Copy the trained files into `dest` and write the manifest (sha256, config, losses)."""
     dest.mkdir(parents=True, exist_ok=True)
-    files = ["tokenizer.safetensors"] + [f"{r}.safetensors" for r in GPTS if (out / r / f"{r}.safetensors").exists()]
+    shipped = {role: stage for role, stage in SHIPPED.items() if weights_of(out, stage).exists()}
+    files = ["tokenizer.safetensors"] + [f"{role}.safetensors" for role in shipped]
     shutil.copyfile(out / "tokenizer" / "tokenizer.safetensors", dest / "tokenizer.safetensors")
-    for name in files[1:]:
+    for role, stage in shipped.items():
         # GPTs ship in fp16 (half the bytes; loading casts back to fp32).
-        role = name.removesuffix(".safetensors")
-        save_gpt(load_gpt(out / role / name), dest / name, metrics.get(role, {}), dtype=torch.float16)
-    info = {"recipe": {"tokenizer": TOKENIZER, "gpts": GPTS}, "commit": _commit(),
+        save_gpt(load_gpt(weights_of(out, stage)), dest / f"{role}.safetensors", metrics.get(stage, {}),
+                 dtype=torch.float16)
+    info = {"recipe": {"tokenizer": TOKENIZER, "gpts": GPTS, "shipped": SHIPPED}, "commit": _commit(),
             "torch": torch.__version__, "metrics": metrics}
     return write_manifest(dest, files, info)
 
@@ -88,7 +121,8 @@ def install(out: Path, metrics: dict[str, Any], dest: Path = WEIGHTS_DIR) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="working folder (checkpoints, logs)")
-    ap.add_argument("--roles", nargs="+", default=list(GPTS), choices=list(GPTS))
+    ap.add_argument("--stages", nargs="+", default=list(GPTS), choices=list(GPTS),
+                    help="GPT stages to train (with the stages they start from)")
     ap.add_argument("--install", action="store_true", help=f"copy the weights into {WEIGHTS_DIR}")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
@@ -96,9 +130,8 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     metrics = {"tokenizer": stage_tokenizer(a.out)}
-    order = ["drafter", "target", "small_drafter"]  # the target starts from the drafter
-    for role in sorted(a.roles, key=order.index):
-        metrics[role] = stage_gpt(a.out, role)
+    for stage in stage_order(a.stages):
+        metrics[stage] = stage_gpt(a.out, stage)
     if a.install:
         manifest = install(a.out, metrics)
         log.info("installed %d files into %s", len(manifest["files"]), WEIGHTS_DIR)

@@ -37,7 +37,7 @@ ROLES = {"target": 64, "drafter": 32}  # image size per role; tokens = size / 4 
 
 
 def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
-               cond_broadcast: bool = False) -> GPTConfig:
+               cond_broadcast: bool = False, word_pos: bool = False) -> GPTConfig:
     """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter")."""
     size = ROLES["target" if role == "small_drafter" else role]
     grid = size // DOWNSAMPLE
@@ -48,7 +48,7 @@ def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
     # image with "zero", 1.2 with "identity".
     return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
                      prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1,
-                     prefix_rope="zero", cond_broadcast=cond_broadcast)
+                     prefix_rope="zero", cond_broadcast=cond_broadcast, word_pos=word_pos)
 
 
 def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
@@ -69,6 +69,23 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
         return lr * (step + 1) / warmup
     t = (step - warmup) / max(1, steps - warmup)
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+GROWN = {"word_pos"}  # parameters a child stage may add to its parent's (zero-initialised)
+
+
+def initialise_from(gpt: GPT, path: Path) -> None:
+    """Load a parent GPT's weights into `gpt`: every parent tensor must exist with its shape,
+    and `gpt` may only add the zero-initialised parameters in GROWN."""
+    from harness.shapes.weights import load_gpt
+
+    try:
+        missing, unexpected = gpt.load_state_dict(load_gpt(path).state_dict(), strict=False)
+    except RuntimeError as err:  # a tensor of another shape
+        raise ValueError(f"{path} does not fit this GPT: {err}") from err
+    if unexpected or set(missing) - GROWN:
+        raise ValueError(f"{path} does not fit this GPT: missing {sorted(set(missing) - GROWN)}, "
+                         f"unexpected {sorted(unexpected)}")
 
 
 def _save_ckpt(path: Path, gpt: GPT, opt: torch.optim.Optimizer, step: int) -> None:
@@ -104,11 +121,13 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
               lr: float = 2e-3, warmup: int = 100, dim: int = 256, n_layer: int = 4, n_head: int = 4,
               seed: int = 0, ckpt_every: int = 100, log_every: int = 25, bf16: bool = True,
               init_from: Path | None = None, focus_steps: int = 0,
-              focus_tags: tuple[str, ...] = ("colors",), cond_broadcast: bool = False) -> dict[str, Any]:
+              focus_tags: tuple[str, ...] = ("colors",), tags: tuple[str, ...] = TAGS,
+              cond_broadcast: bool = False, word_pos: bool = False) -> dict[str, Any]:
     """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
 
-    Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from all
-    six tags. Colour captions on one shape make the caption the only source of the colour, and the
+    Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from
+    `tags` (default: GenEval's six, uniform; a tag listed twice is drawn twice as often). Colour
+    captions on one shape make the caption the only source of the colour, and the
     model learns to read the prefix within a few hundred steps; on the uniform mix alone a drafter
     had not started to after 1300 steps.
 
@@ -116,22 +135,24 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     with the same curriculum a drafter read colour and shape words after 800 steps about as well
     as one without it after 1800.
 
+    `word_pos`: a learned embedding per caption slot (GPTConfig.word_pos), so the model can tell
+    "a circle left of a square" from "a square left of a circle".
+
     `init_from`: a trained GPT (safetensors) of the same architecture to start from, e.g. the
     target starts from the half-resolution drafter as LlamaGen's stage 2 starts from stage 1 (the
-    rotary table is a buffer, so weights transfer across grids)."""
+    rotary table is a buffer, so weights transfer across grids). The only parameter the parent may
+    lack is `word_pos`, which then starts at zero (the child computes what the parent did)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(tokenizer_path)
     size = ROLES["target" if role == "small_drafter" else role]
     torch.manual_seed(seed)
-    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast)).train()
+    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos)).train()
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95))
     if init_from is not None:
-        from harness.shapes.weights import load_gpt
-
-        gpt.load_state_dict(load_gpt(Path(init_from)).state_dict(), strict=True)
+        initialise_from(gpt, Path(init_from))
         log.info("%s: initialised from %s", role, init_from)
     ckpt, start = out_dir / f"{role}.ckpt", 0
     if ckpt.exists():
@@ -143,8 +164,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     log.info("%s: %.2fM parameters, grid %s", role, gpt.num_params() / 1e6, gpt.cfg.grid)
     t0, loss_ema = time.perf_counter(), None
     for step in range(start, steps):
-        tags = tuple(focus_tags) if step < focus_steps else TAGS
-        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, tags)
+        mix = tuple(focus_tags) if step < focus_steps else tuple(tags)
+        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, mix)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -162,7 +183,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
             _save_ckpt(ckpt, gpt, opt, step + 1)
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
-               "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps}
+               "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos}
     save_gpt(gpt.eval(), out_dir / f"{role}.safetensors", metrics)
     log.info("%s done: %s", role, metrics)
     return metrics
