@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -116,7 +117,7 @@ def test_straight_through_gradient() -> None:
 def _train(out: Path, **overrides) -> dict:
     kwargs = dict(steps=4, batch_size=4, seed=3, lr=1e-2, log_every=1, ckpt_every=2,
                   channels=TINY["channels"], codebook_size=TINY["codebook_size"],
-                  code_dim=TINY["code_dim"], restart_every=2, warmup=1, eval_images=0)
+                  code_dim=TINY["code_dim"], restart_every=2, warmup=1, eval_images=0, active_images=8)
     kwargs.update(overrides)
     return tt.train_tokenizer(out, **kwargs)
 
@@ -199,8 +200,11 @@ def test_metrics_on_perfect_and_broken_reconstructions() -> None:
 
 def test_cli_writes_weights_metrics_and_grids(tmp_path: Path) -> None:
     tt.main(["--out", str(tmp_path), "--steps", "2", "--batch-size", "4", "--channels", "8", "8",
-             "8", "--eval-images", "4", "--log-every", "1", "--ckpt-every", "1", "--threads", "1"])
-    assert load_tokenizer(tmp_path / tt.WEIGHTS).codebook.shape == (512, 8)
+             "8", "--eval-images", "4", "--log-every", "1", "--ckpt-every", "1", "--threads", "1",
+             "--active-images", "4"])
+    model = load_tokenizer(tmp_path / tt.WEIGHTS)
+    assert model.codebook.shape == (512, 8)
+    assert 0 < int(model.active.sum()) < 512  # 4 renders per size use a fraction of the codes
     metrics = (tmp_path / tt.METRICS).read_text()
     assert '"palette_acc"' in metrics and '"64"' in metrics and '"32"' in metrics
     assert (tmp_path / "recon_64.png").exists() and (tmp_path / "recon_32.png").exists()
@@ -209,3 +213,39 @@ def test_cli_writes_weights_metrics_and_grids(tmp_path: Path) -> None:
 def test_batch_must_hold_both_resolutions(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="each of 64 and 32 px"):
         _train(tmp_path, batch_size=4, low_res_share=1.0)
+
+
+def test_restricted_encoder_emits_only_active_codes() -> None:
+    from harness.shapes.weights import WEIGHTS_DIR
+
+    model = load_tokenizer(WEIGHTS_DIR / "tokenizer.safetensors")
+    images = tt.render_batch(np.random.default_rng(0), 4, 32)
+    before = model.encode(images)
+    used = before.unique()
+    assert len(used) > 2
+    active = torch.zeros(model.codebook_size, dtype=torch.bool)
+    active[used[: len(used) // 2]] = True  # keep half of the codes these images use
+    model.restrict(active)
+    after = model.encode(images)
+    assert active[after].all() and not torch.equal(after, before)
+    kept = active[before]
+    assert torch.equal(after[kept], before[kept])  # a token whose code stays active is unchanged
+    with pytest.raises(ValueError, match="non-empty bool mask"):
+        model.restrict(torch.zeros(model.codebook_size, dtype=torch.bool))
+
+
+def test_shipped_tokenizer_restriction_keeps_training_tokens() -> None:
+    """The shipped encoder is restricted to the codes real renders use; on fresh renders (the
+    GPTs' training distribution) it must give exactly the unrestricted tokens."""
+    from harness.shapes.weights import WEIGHTS_DIR
+
+    model = load_tokenizer(WEIGHTS_DIR / "tokenizer.safetensors")
+    assert 0 < int(model.active.sum()) < model.codebook_size
+    for size in (64, 32):
+        images = tt.render_batch(np.random.default_rng([7, size]), 64, size)
+        restricted = model.encode(images)
+        active = model.active.clone()
+        model.active.fill_(True)
+        free = model.encode(images)
+        model.active.copy_(active)
+        assert torch.equal(restricted, free), size

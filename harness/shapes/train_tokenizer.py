@@ -37,6 +37,7 @@ WEIGHTS = "tokenizer.safetensors"
 METRICS = "metrics.json"
 SIZES = (64, 32)
 EVAL_SEED = 20_240_601     # held-out scenes, the same for every training seed
+ACTIVE_SEED = 20_240_602   # scenes that decide which codes the trained encoder may emit
 PIXEL_TOLERANCE = 24       # |recon - orig| <= this on every channel counts as "right colour"
 
 
@@ -137,6 +138,19 @@ def usage_stats(counts: Tensor) -> dict[str, float]:
     p = counts.double() / counts.sum().clamp(min=1)
     entropy = -(p[p > 0] * p[p > 0].log()).sum()
     return {"usage": (counts > 0).double().mean().item(), "perplexity": entropy.exp().item()}
+
+
+@torch.no_grad()
+def active_codes(model: ShapesVQ, n_images: int, seed: int = ACTIVE_SEED) -> Tensor:
+    """The codes the (unrestricted) encoder emits on n_images fresh renders at each size in
+    SIZES -> bool [V]."""
+    model.eval()
+    used = torch.zeros(model.codebook_size, dtype=torch.bool)
+    for size in SIZES:
+        rng = np.random.default_rng([seed, size])
+        for start in range(0, n_images, 256):
+            used[model.encode(render_batch(rng, min(256, n_images - start), size)).unique()] = True
+    return used
 
 
 @torch.no_grad()
@@ -316,13 +330,15 @@ def train_tokenizer(
     restart_every: int = 100,
     bf16: bool = True,
     eval_images: int = 256,
+    active_images: int = 8192,
 ) -> dict[str, Any]:
     """Train ShapesVQ in `out_dir` (resuming from its checkpoint when `resume`), then write
     `tokenizer.safetensors`, `metrics.json` and reconstruction grids; returns the final metrics.
 
     `batch_size` images per step, a `low_res_share` of them rendered at 32 px and the rest at
     64 px (two sub-batches whose losses weigh equally). Dead-code restarts run every
-    `restart_every` steps (0: never) during the first 80% of training.
+    `restart_every` steps (0: never) during the first 80% of training. After training the encoder
+    is restricted to the codes it emits on `active_images` fresh renders per size (0: keep all).
     """
     n32 = round(batch_size * low_res_share)
     if not 0 < n32 < batch_size:
@@ -360,9 +376,11 @@ def train_tokenizer(
             save_checkpoint(ckpt_path, checkpoint(state, config))
 
     model = state.model.eval()
+    if active_images:
+        model.restrict(active_codes(model, active_images))
     save_tokenizer(model, out_dir / WEIGHTS)
     metrics = {"step": steps, "train_seconds": state.elapsed, "cpu_seconds": state.cpu,
-               "params": n_params, "config": config,
+               "params": n_params, "config": config, "active_codes": int(model.active.sum()),
                "eval": evaluate(model, eval_images) if eval_images else {}}
     (out_dir / METRICS).write_text(json.dumps(metrics, indent=2))
     if eval_images:
@@ -416,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--restart-every", type=int, default=100)
     parser.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     parser.add_argument("--eval-images", type=int, default=256)
+    parser.add_argument("--active-images", type=int, default=8192,
+                        help="renders per size that decide the codes the encoder may emit (0: all codes)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -426,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
                     res_blocks=args.res_blocks, encoder=args.encoder, low_res_share=args.low_res_share,
                     edge_weight=args.edge_weight, weight_decay=args.weight_decay,
                     warmup=args.warmup, restart_every=args.restart_every, bf16=not args.fp32,
-                    eval_images=args.eval_images)
+                    eval_images=args.eval_images, active_images=args.active_images)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,16 @@ class ShapesVQ(nn.Module):
         self.decoder = Decoder(tuple(channels), res_blocks, code_dim)
         self.embedding = nn.Embedding(codebook_size, code_dim)
         nn.init.normal_(self.embedding.weight)
+        # Codes the encoder may emit. All while training; after it, `restrict` keeps the codes that
+        # real renders use, so an off-manifold image (e.g. a decoded 32 px image resized to 64 px)
+        # is encoded with codes the GPTs were trained on instead of never-seen ones.
+        self.register_buffer("active", torch.ones(codebook_size, dtype=torch.bool))
+
+    def restrict(self, active: Tensor) -> None:
+        """Let the encoder emit only the codes flagged in active [V] bool (decode is unchanged)."""
+        if active.shape != (self.codebook_size,) or active.dtype != torch.bool or not bool(active.any()):
+            raise ValueError(f"active must be a non-empty bool mask of {self.codebook_size} codes")
+        self.active.copy_(active)
 
     @property
     def codebook(self) -> Tensor:
@@ -179,7 +189,8 @@ class ShapesVQ(nn.Module):
             z_n = F.normalize(z.float(), dim=1)
             codes = self.codebook
             flat = z_n.permute(0, 2, 3, 1).reshape(-1, self.code_dim)  # [B*h*w, D]
-            indices = (flat @ codes.t()).argmax(dim=1)
+            scores = (flat @ codes.t()).masked_fill(~self.active, -2.0)  # cosine >= -1 > -2
+            indices = scores.argmax(dim=1)
             z_q = codes[indices].view(z.shape[0], z.shape[2], z.shape[3], self.code_dim)
             z_q = z_q.permute(0, 3, 1, 2)
             losses = {
