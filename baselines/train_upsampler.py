@@ -99,7 +99,7 @@ def train(vq: ShapesVQ, objective: str, *, steps: int, batch_size: int = 32, lr:
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     vq = vq.eval().requires_grad_(False)
-    module = LatentUpsampler(vq.codebook.detach(), r, width=width, depth=depth, seed=seed)
+    module = LatentUpsampler(vq.codebook.detach(), r, width=width, depth=depth, seed=seed, active=vq.active)
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     disc, d_opt = None, None
     if objective == "gan":

@@ -3,7 +3,8 @@ ablations (paper.md §10.2) on the same prompts.
 
     python benchmarks/mulo.py [--model shapes|random] [--images 16] [--reps 2] [--fid]
                               [--quality-images 96] [--quality-batch 8]
-                              [--ablations] [--device auto] [--threads 1] [hydra overrides ...]
+                              [--ablations [--only ablation_upsampling ...]] [--device auto]
+                              [--threads 1] [hydra overrides ...]
 
 Main table, per decoder: target / drafter forwards per image, the target's split into verify and
 resample forwards, step compression (tokens per target forward), wall-clock speed-up versus raster
@@ -143,12 +144,18 @@ def table(title: str, rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def ablation_decoders(model: str, overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """{table title: {decoder label: decoder}} composed from the ablation experiment configs."""
+def ablation_decoders(model: str, overrides: Sequence[str],
+                      only: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """{table title: {decoder label: decoder}} composed from the ablation experiment configs
+    (all of them, or those named in `only`)."""
     out: dict[str, dict[str, Any]] = {}
     for experiment in ABLATIONS:
+        if only is not None and experiment not in only:
+            continue
         cfg = compose_config(model, overrides, experiment)
         out[experiment] = {name: _build(node) for name, node in cfg.decoder.items()}
+    if only is not None and "ablation_pooling" not in only:
+        return out
     pooling: dict[str, Any] = {"raster": _build(compose_config(model, overrides).decoder.raster)}
     for k in POOLING["k"]:
         for tau in POOLING["tau"]:
@@ -168,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="score GenEval/FID on this many images (>= --images; 0: the timed ones)")
     ap.add_argument("--quality-batch", type=int, default=8, help="batch of the untimed quality decode")
     ap.add_argument("--ablations", action="store_true", help="also run the paper's ablations (§10.2)")
+    ap.add_argument("--only", nargs="+", default=None, choices=[*ABLATIONS, "ablation_pooling"],
+                    help="with --ablations: run only these ablation tables")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. decoder.mulo_sd.accept.tau=0.2")
@@ -196,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                        quality, a.quality_batch)
         print(table("== main (batch 1)", rows), flush=True)
         if a.ablations:
-            for title, decs in ablation_decoders(a.model, a.overrides).items():
+            for title, decs in ablation_decoders(a.model, a.overrides, a.only).items():
                 rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,
                                quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)

@@ -48,3 +48,25 @@ def test_each_objective_trains_and_round_trips(objective: str, tmp_path: Path) -
     assert torch.equal(loaded.upsample_tokens(low), module.eval().upsample_tokens(low))
     with pytest.raises(ValueError, match="codebook"):
         loaded.check(torch.randn(32, 4), 2)
+
+
+def test_tokens_come_only_from_the_tokenizers_active_codes(tmp_path: Path) -> None:
+    """The up- and down-sampler choose among the codes the encoder may emit (ShapesVQ.active),
+    and the mask survives a save/load round trip."""
+    codebook = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    low = torch.randint(16, (2, 4, 4), generator=torch.Generator().manual_seed(1))
+    free = LatentUpsampler(codebook, r=2, width=8).upsample_tokens(low)
+    active = torch.zeros(16, dtype=torch.bool)
+    active[free.unique()[:1]] = True  # keep a single code the free module emits
+    active[free.unique()[-1] + 1:] = True
+    module = LatentUpsampler(codebook, r=2, width=8, active=active)
+    up = module.upsample_tokens(low)
+    assert active[up].all() and active[module.downsample_tokens(up)].all()
+    assert not torch.equal(up, free)
+    vq = _tiny_vq()
+    vq.restrict(torch.arange(16) % 2 == 0)
+    out = tmp_path / "up.safetensors"
+    trained, _ = train(vq, "ce", steps=2, batch_size=2, target_size=32, width=8, depth=1, log_every=0, out=out)
+    assert torch.equal(load_upsampler(out).active, vq.active) and torch.equal(trained.active, vq.active)
+    with pytest.raises(ValueError, match="non-empty bool mask"):
+        LatentUpsampler(codebook, r=2, active=torch.zeros(16, dtype=torch.bool))
