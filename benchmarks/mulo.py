@@ -191,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
     decoders = {name: _build(cfg.decoder[name]) for name in MAIN}
     models = guided(bundle, decoders["raster"].sampling)
+    if a.only and not a.ablations:
+        ap.error("--only selects ablation tables: add --ablations")
     if a.quality_images and a.quality_images < a.images:
         ap.error(f"--quality-images {a.quality_images} must be 0 or >= --images {a.images}")
     # shapes(n) is a prefix of shapes(m) for n < m: the timed images are the first quality images
