@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.models.condition import TextCondition
-from harness.models.gpt import GPT, GPTConfig, causal_mask
+from harness.models.gpt import GPT, GPTConfig, rope_2d_table, causal_mask
 from harness.models.guidance import Guided
 from harness.models.random_init import build
 
@@ -136,6 +136,36 @@ def test_word_pos_lets_image_tokens_tell_caption_word_order() -> None:
         a, b = gpt.forward_train(cond, toks), gpt.forward_train(swapped, toks)
         changed = (a - b).abs().amax().item()
         assert (changed > 1e-3) == word_pos, (word_pos, changed)
+
+
+def test_rope_fraction_keeps_unrotated_pairs_for_every_slot() -> None:
+    table = rope_2d_table((4, 4), 16, 10000.0, 3, "zero", fraction=0.5)  # 8 pairs, 4 rotate
+    assert table.shape == (3 + 16, 8, 2)
+    assert (table[:3, :4] == 0).all()  # prefix: rotating pairs zeroed (LlamaGen's zero table)
+    identity = torch.tensor([1.0, 0.0])
+    assert (table[:, 4:] == identity).all()  # no slot rotates the other pairs
+    assert not (table[3:, :4] == identity).all()  # image slots rotate the first half
+    with pytest.raises(ValueError, match="rope_fraction"):
+        GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_head=4, rope_fraction=0.3)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_caption_slots_are_chosen_by_content_only_with_unrotated_pairs(fraction: float) -> None:
+    """With every pair zeroed on the prefix, attention scores to caption slots are 0 whatever the
+    queries and keys (a uniform average: the first image token ignores their weights); unrotated pairs let
+    queries weigh the caption slots by content."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
+                    word_vocab=11, prefix_rope="zero", rope_fraction=fraction)
+    gpt = GPT(cfg).eval()
+    torch.nn.init.normal_(gpt.output.weight, std=0.2)
+    cond, toks = _cond(1), _tokens(1)
+    before = gpt.forward_train(cond, toks)[:, 0]  # image position 0: predicted from the prefix alone
+    queries_keys = gpt.layers[0].attention.wqkv.weight[:64]
+    queries_keys.add_(torch.randn_like(queries_keys))
+    changed = (gpt.forward_train(cond, toks)[:, 0] - before).abs().max().item()
+    assert (changed > 1e-4) == (fraction < 1), changed
 
 
 def test_word_pos_needs_word_ids() -> None:

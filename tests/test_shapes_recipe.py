@@ -15,7 +15,7 @@ from harness.shapes.train_gpt import batch, initialise_from, save_gpt
 from harness.shapes.vq import load_tokenizer
 from harness.shapes.weights import WEIGHTS_DIR, load_gpt, read_manifest
 
-ARCH = ("dim", "n_layer", "n_head", "cond_broadcast")
+ARCH = ("dim", "n_layer", "n_head", "cond_broadcast", "rope_fraction")
 
 
 def test_every_stage_starts_after_the_stage_it_starts_from() -> None:
@@ -98,3 +98,4 @@ def test_a_stage_may_grow_zero_slot_embeddings_and_nothing_else(tmp_path: Path) 
     other = GPT(replace(parent.cfg, dim=64))
     with pytest.raises(ValueError, match="does not fit this GPT"):
         initialise_from(other, tmp_path / "parent.safetensors")
+

@@ -69,6 +69,23 @@ def test_every_caption_roundtrips_and_fits_the_vocabulary() -> None:
     assert used == set(VOCAB[1:])
 
 
+def test_twin_swaps_meaning_not_words() -> None:
+    """A twin caption uses the same words, means the other binding, parses back, and is an
+    involution; a scene of the caption fails its twin under GenEval's rules."""
+    rules, rng = GenEvalRules(), np.random.default_rng(0)
+    for tag in captions.TWIN_TAGS:
+        for meta in captions.all_metas(tag)[:40]:
+            other = captions.twin(meta)
+            assert sorted(other["prompt"].split()) == sorted(meta["prompt"].split())
+            assert other["prompt"] != meta["prompt"]
+            assert parse(other["prompt"]) == other
+            assert captions.twin(other) == meta
+            dets = ShapesDetector().detect(render(scene_for_caption(meta, rng), 64))
+            assert rules.evaluate(dets, meta)[0] and not rules.evaluate(dets, other)[0]
+    with pytest.raises(ValueError, match="word-swapped twins"):
+        captions.twin(parse("a photo of a circle"))
+
+
 def test_tokenize_pads_right() -> None:
     ids = tokenize(["a photo of a circle", "a photo of a red circle and a blue square"])
     assert ids.dtype == torch.long and ids.shape == (2, MAX_WORDS)

@@ -43,6 +43,10 @@ class GPTConfig:
     pos_embed: str = "rope2d"  # "rope2d" (LlamaGen), "learned" ([S, dim]) or "abs_pe" (Tar AR-DTok)
     pos_embed_len: int | None = None  # rows of `abs_pe` (None: prefix_len + n_tokens - 1, as Tar)
     prefix_rope: str = "identity"  # rotary table of the prefix slots: "identity" | "zero" (LlamaGen)
+    # Fraction of each head's dimension pairs that rotate (LlamaGen: all). The other pairs carry no
+    # position for any slot, so with prefix_rope "zero" an image query can still pick caption slots
+    # by content there (with all pairs zeroed it sees the caption as one uniform average).
+    rope_fraction: float = 1.0
     cond_embed: str = "caption_mlp"  # "caption_mlp" (LlamaGen cls_embedding) | "linear" (Tar clip_proj)
     prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
     caption_dim: int = 64  # width of the condition features fed to cls_embedding
@@ -70,6 +74,10 @@ class GPTConfig:
             raise ValueError("word_pos needs word-id captions (word_vocab > 0)")
         if self.dim % self.n_head:
             raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
+        rotary = self.head_dim // 2 * self.rope_fraction
+        if not 0 < self.rope_fraction <= 1 or rotary != int(rotary) or int(rotary) % 2:
+            raise ValueError(f"rope_fraction {self.rope_fraction} must be in (0, 1] and rotate an even number "
+                             f"of the {self.head_dim // 2} dimension pairs of a head")
 
     @property
     def n_tokens(self) -> int:
@@ -147,20 +155,26 @@ class FeedForward(nn.Module):
 
 
 def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len: int,
-                  prefix: str = "identity") -> Tensor:
-    """Rotation table [prefix_len + rows*cols, head_dim/2, 2] (cos, sin). Half the rotary pairs
-    encode the row, half the column (LlamaGen's layout); prefix slots get no rotation
-    (`prefix="identity"`) or LlamaGen's zero table (`prefix="zero"`: prefix queries/keys vanish)."""
-    half = head_dim // 2
+                  prefix: str = "identity", fraction: float = 1.0) -> Tensor:
+    """Rotation table [prefix_len + rows*cols, head_dim/2, 2] (cos, sin). Of the first
+    `fraction` of the dimension pairs, half encode the row and half the column (LlamaGen's layout
+    when fraction = 1); the remaining pairs never rotate. Prefix slots get no rotation
+    (`prefix="identity"`) or LlamaGen's zero table on the rotating pairs (`prefix="zero"`: those
+    parts of prefix queries/keys vanish)."""
+    pairs = head_dim // 2
+    half = int(pairs * fraction)
     freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # [half/2]
     rows = torch.outer(torch.arange(grid[0]).float(), freqs)  # [R, half/2]
     cols = torch.outer(torch.arange(grid[1]).float(), freqs)  # [C, half/2]
     angles = torch.cat(
         [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
     ).flatten(0, 1)  # [R*C, half]
+    angles = torch.cat([angles, torch.zeros(angles.shape[0], pairs - half)], dim=-1)  # [R*C, pairs]
     table = torch.stack([angles.cos(), angles.sin()], dim=-1)
-    cos0 = torch.ones(prefix_len, half) if prefix == "identity" else torch.zeros(prefix_len, half)
-    return torch.cat([torch.stack([cos0, torch.zeros(prefix_len, half)], dim=-1), table])
+    cos0 = torch.ones(prefix_len, pairs)
+    if prefix == "zero":
+        cos0[:, :half] = 0.0
+    return torch.cat([torch.stack([cos0, torch.zeros(prefix_len, pairs)], dim=-1), table])
 
 
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
@@ -264,7 +278,8 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope)
+        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope,
+                              cfg.rope_fraction)
         self.register_buffer("rope_table", table, persistent=False)
         self.prefix_keep: Tensor | None = None  # [B, P] bool caption padding mask of the cached rows
         self.cond_bias: Tensor | None = None  # [B, 1, dim] broadcast condition of the cached rows

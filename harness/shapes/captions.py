@@ -109,6 +109,23 @@ def make_meta(tag: str, shapes: Sequence[str], colors: Sequence[str] = (), count
     raise ValueError(f"unknown GenEval tag {tag!r}; expected one of {TAGS}")
 
 
+TWIN_TAGS = ("color_attr", "position")
+
+
+def twin(meta: Meta) -> Meta:
+    """The word-swapped twin of a color_attr or position caption: the same words with the other
+    meaning ("a red circle and a blue square" -> "a blue circle and a red square"; "a circle left
+    of a square" -> "a square left of a circle"). A reader of word order tells them apart; a
+    bag-of-words reader cannot."""
+    if meta["tag"] == "color_attr":
+        first, second = meta["include"]
+        return make_meta("color_attr", [first["class"], second["class"]], [second["color"], first["color"]])
+    if meta["tag"] == "position":
+        target, subject = meta["include"]
+        return make_meta("position", [target["class"], subject["class"]], relation=subject["position"][0])
+    raise ValueError(f"only {TWIN_TAGS} captions have word-swapped twins, got tag {meta['tag']!r}")
+
+
 def all_metas(tag: str) -> list[Meta]:
     """Every caption of the grammar for `tag`, in a fixed order (4 to 1080 of them)."""
     pairs = list(itertools.permutations(SHAPES, 2))

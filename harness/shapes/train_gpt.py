@@ -37,7 +37,7 @@ ROLES = {"target": 64, "drafter": 32}  # image size per role; tokens = size / 4 
 
 
 def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
-               cond_broadcast: bool = False, word_pos: bool = False) -> GPTConfig:
+               cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0) -> GPTConfig:
     """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter")."""
     size = ROLES["target" if role == "small_drafter" else role]
     grid = size // DOWNSAMPLE
@@ -48,7 +48,8 @@ def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
     # image with "zero", 1.2 with "identity".
     return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
                      prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1,
-                     prefix_rope="zero", cond_broadcast=cond_broadcast, word_pos=word_pos)
+                     prefix_rope="zero", cond_broadcast=cond_broadcast, word_pos=word_pos,
+                     rope_fraction=rope_fraction)
 
 
 def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
@@ -83,8 +84,9 @@ def initialise_from(gpt: GPT, path: Path) -> None:
         missing, unexpected = gpt.load_state_dict(load_gpt(path).state_dict(), strict=False)
     except RuntimeError as err:  # a tensor of another shape
         raise ValueError(f"{path} does not fit this GPT: {err}") from err
-    if unexpected or set(missing) - GROWN:
-        raise ValueError(f"{path} does not fit this GPT: missing {sorted(set(missing) - GROWN)}, "
+    lacking = sorted(set(missing) - GROWN)
+    if unexpected or lacking:
+        raise ValueError(f"{path} does not fit this GPT: missing {lacking}, "
                          f"unexpected {sorted(unexpected)}")
 
 
@@ -111,6 +113,8 @@ def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: 
     losses = []
     for i in range(batches):
         cond, tokens = batch(i, seed + 10_000, size, 32, tokenizer, 0.0)
+        device = gpt.output.weight.device
+        cond, tokens = cond.to(device), tokens.to(device)
         logits = gpt.forward_train(cond, tokens)
         losses.append(F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).item())
     gpt.train()
@@ -122,7 +126,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
               seed: int = 0, ckpt_every: int = 100, log_every: int = 25, bf16: bool = True,
               init_from: Path | None = None, focus_steps: int = 0,
               focus_tags: tuple[str, ...] = ("colors",), tags: tuple[str, ...] = TAGS,
-              cond_broadcast: bool = False, word_pos: bool = False) -> dict[str, Any]:
+              cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
+              device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
 
     Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from
@@ -138,6 +143,12 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     `word_pos`: a learned embedding per caption slot (GPTConfig.word_pos), so the model can tell
     "a circle left of a square" from "a square left of a circle".
 
+    `rope_fraction`: the fraction of each head's dimension pairs that rotate (GPTConfig); below 1
+    image queries can pick caption slots by content.
+
+    `device`: where the GPT trains ("cpu", "cuda"); scenes are rendered and tokenised on the CPU,
+    so the batches are the same on every device (the floats of the updates are not).
+
     `init_from`: a trained GPT (safetensors) of the same architecture to start from, e.g. the
     target starts from the half-resolution drafter as LlamaGen's stage 2 starts from stage 1 (the
     rotary table is a buffer, so weights transfer across grids). The only parameter the parent may
@@ -146,7 +157,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     tokenizer = load_tokenizer(tokenizer_path)
     size = ROLES["target" if role == "small_drafter" else role]
     torch.manual_seed(seed)
-    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos)).train()
+    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos,
+                         rope_fraction)).train()
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
@@ -154,9 +166,10 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     if init_from is not None:
         initialise_from(gpt, Path(init_from))
         log.info("%s: initialised from %s", role, init_from)
+    gpt.to(device)
     ckpt, start = out_dir / f"{role}.ckpt", 0
     if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
+        state = torch.load(ckpt, weights_only=True, map_location=device)
         gpt.load_state_dict(state["model"], strict=True)
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
@@ -166,9 +179,10 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     for step in range(start, steps):
         mix = tuple(focus_tags) if step < focus_steps else tuple(tags)
         cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, mix)
+        cond, tokens = cond.to(device), tokens.to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
             logits = gpt.forward_train(cond, tokens)
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
         opt.zero_grad(set_to_none=True)
@@ -183,8 +197,9 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
             _save_ckpt(ckpt, gpt, opt, step + 1)
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
-               "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos}
-    save_gpt(gpt.eval(), out_dir / f"{role}.safetensors", metrics)
+               "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos,
+               "rope_fraction": rope_fraction}
+    save_gpt(gpt.eval().cpu(), out_dir / f"{role}.safetensors", metrics)
     log.info("%s done: %s", role, metrics)
     return metrics
 
