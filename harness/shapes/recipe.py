@@ -103,7 +103,7 @@ def stage_order(stages: list[str]) -> list[str]:
     return order
 
 
-def stage_gpt(out: Path, stage: str) -> dict[str, Any]:
+def stage_gpt(out: Path, stage: str, device: str = "cpu") -> dict[str, Any]:
     folder = out / stage
     if weights_of(out, stage).exists() and (folder / "metrics.json").exists():
         return json.loads((folder / "metrics.json").read_text())
@@ -111,7 +111,7 @@ def stage_gpt(out: Path, stage: str) -> dict[str, Any]:
     role = kwargs.pop("role")
     if "init_from" in kwargs:
         kwargs["init_from"] = weights_of(out, kwargs["init_from"])
-    metrics = train_gpt(role, out / "tokenizer" / "tokenizer.safetensors", folder, **kwargs)
+    metrics = train_gpt(role, out / "tokenizer" / "tokenizer.safetensors", folder, device=device, **kwargs)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
 
@@ -138,13 +138,16 @@ def main() -> None:
                     help="GPT stages to train (with the stages they start from)")
     ap.add_argument("--install", action="store_true", help=f"copy the weights into {WEIGHTS_DIR}")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu",
+                    help="where the GPTs train (cuda: 14-20 steps/s measured on one H200, against 1-4 on "
+                         "2 CPU cores; the floats differ from the shipped CPU run)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if a.threads:
         torch.set_num_threads(a.threads)
     metrics = {"tokenizer": stage_tokenizer(a.out)}
     for stage in stage_order(a.stages):
-        metrics[stage] = stage_gpt(a.out, stage)
+        metrics[stage] = stage_gpt(a.out, stage, a.device)
     if a.install:
         manifest = install(a.out, metrics)
         log.info("installed %d files into %s", len(manifest["files"]), WEIGHTS_DIR)

@@ -217,12 +217,13 @@ def main() -> None:
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="where the GPT trains: cpu, cuda, cuda:1, ...")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.threads:
         torch.set_num_threads(a.threads)
     train_gpt(a.role, a.tokenizer, a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr, dim=a.dim,
-              n_layer=a.n_layer, n_head=a.n_head, seed=a.seed)
+              n_layer=a.n_layer, n_head=a.n_head, seed=a.seed, device=a.device)
 
 
 if __name__ == "__main__":
