@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT
-from harness.shapes.captions import sample_meta, tokenize, twin
+from harness.shapes.captions import TWIN_TAGS, sample_meta, tokenize, twin
 from harness.shapes.scenes import render, scene_for_caption
+from harness.shapes.train_gpt import DOWNSAMPLE
 from harness.shapes.vq import ShapesVQ, load_tokenizer
 from harness.shapes.weights import WEIGHTS_DIR, load_gpt
 
@@ -41,10 +42,10 @@ def nats(gpt: GPT, captions: list[str], tokens: torch.Tensor) -> torch.Tensor:
 def binding(gpt: GPT, tokenizer: ShapesVQ, scenes: int = 256, seed: int = 0) -> dict[str, dict[str, float]]:
     """Per tag: mean nats under the true and the twin caption, their gap, and the fraction of
     scenes whose true caption is more likely."""
-    size = gpt.cfg.grid[0] * 4
+    size = gpt.cfg.grid[0] * DOWNSAMPLE
     out = {}
-    for tag in ("color_attr", "position"):
-        rng = np.random.default_rng([seed, len(tag)])
+    for i, tag in enumerate(TWIN_TAGS):
+        rng = np.random.default_rng([seed, i])
         metas = [sample_meta(tag, rng) for _ in range(scenes)]
         images = np.stack([render(scene_for_caption(m, rng), size) for m in metas])
         tokens = tokenizer.encode(torch.from_numpy(images).permute(0, 3, 1, 2)).flatten(1)

@@ -11,8 +11,9 @@ resample forwards, step compression (tokens per target forward), wall-clock spee
 (median of `reps` interleaved repetitions), GenEval (shapes detector) and, with --fid, FID against
 ground-truth renders. Ablation tables: (a) up-samplers, (b) pooling k x tau, (c) raster vs local
 l = 0..4, (d) serial/parallel drafting x resampling and the resampler window, and the two open
-questions; each row with speed-up, step compression, acceptance and GenEval. Decoder variants are composed from the
-experiment configs (conf/experiment/ablation_*.yaml), so the benchmark measures what they run.
+questions; each row with speed-up, step compression, acceptance and GenEval. Decoder variants are
+composed from the experiment configs (conf/experiment/ablation_*.yaml), so the benchmark measures
+what they run.
 
 Timing needs few images, a 2-point GenEval difference needs many: with `--quality-images N`,
 GenEval and FID are scored on N images (the first `--images` of them are the timed ones) decoded

@@ -10,8 +10,8 @@ where it stopped. Stages already finished (their .safetensors exists) are skippe
 
 Wall time on 2 CPU cores (from the logs of the shipped run): tokenizer 5 min; drafter 28 min with
 the small drafter (17 min) beside it, one thread each; target 28 min, target_refine 15 min and
-drafter_refine 9 min (an evaluation ran beside it) at two threads: about 85 min. Float results depend on the thread count, so a
-bitwise reproduction needs the same split.
+drafter_refine 9 min (an evaluation ran beside it) at two threads: about 85 min. Float results
+depend on the thread count, so a bitwise reproduction needs the same split.
 """
 from __future__ import annotations
 
@@ -57,11 +57,11 @@ GPTS: dict[str, dict[str, Any]] = {
 }
 # Word order (benchmarks/caption_binding.py; 192 prompts, cfg 1.5 for GenEval). These stages read
 # captions as a bag of words: prefix_rope "zero" turns the caption into a uniform average of its
-# slots and the broadcast is linear in them (color_attr twin gap 0.0 nats). The same five stages
-# with rope_fraction=0.5 and no broadcast (content attention to caption slots) learn colour
-# binding (target twin gap 7.9 nats, true caption preferred 0.98; position still 0.0) but draw
-# the wrong second object more often: GenEval 0.53 against 0.67 for these weights. With the
-# broadcast kept, rope_fraction=0.5 learns no binding (900 steps from target_refine: gap 0.02).
+# slots and the broadcast is linear in them (color_attr twin gap 0.0 nats). The same drafter and
+# target stages with rope_fraction=0.5 and no broadcast (content attention to caption slots) learn colour
+# binding (target twin gap 8.1 nats, true caption preferred 0.97; position 0.02) but draw the
+# wrong second object more often: GenEval 0.53 against 0.67 for these weights. With the
+# broadcast kept, rope_fraction=0.5 learns no binding (900 steps from target_refine: gap -0.03).
 SHIPPED = {"target": "target_refine", "drafter": "drafter_refine", "small_drafter": "small_drafter"}
 
 
@@ -139,8 +139,8 @@ def main() -> None:
     ap.add_argument("--install", action="store_true", help=f"copy the weights into {WEIGHTS_DIR}")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu",
-                    help="where the GPTs train (cuda: 14-20 steps/s measured on one H200, against 1-4 on "
-                         "2 CPU cores; the floats differ from the shipped CPU run)")
+                    help="where the GPTs train (cuda: 13-23 steps/s per run measured with six runs sharing "
+                         "one H200, against 1-4 on 2 CPU cores; the floats differ from the shipped CPU run)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if a.threads:

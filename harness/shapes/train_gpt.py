@@ -110,10 +110,9 @@ def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any], dtype: torch.dtype = t
 def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: int = 4) -> float:
     """Mean token cross-entropy on held-out batches (a seed stream disjoint from training)."""
     gpt.eval()
-    losses = []
+    losses, device = [], gpt.output.weight.device
     for i in range(batches):
         cond, tokens = batch(i, seed + 10_000, size, 32, tokenizer, 0.0)
-        device = gpt.output.weight.device
         cond, tokens = cond.to(device), tokens.to(device)
         logits = gpt.forward_train(cond, tokens)
         losses.append(F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).item())
