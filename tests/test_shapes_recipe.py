@@ -10,8 +10,9 @@ import torch
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT, GPTConfig
+from harness.shapes.captions import MAX_PHRASES, MAX_WORDS, PHRASES
 from harness.shapes.recipe import GPTS, SHIPPED, install, stage_order, weights_of
-from harness.shapes.train_gpt import batch, initialise_from, save_gpt
+from harness.shapes.train_gpt import CAPTION_TENSORS, batch, initialise_from, save_gpt
 from harness.shapes.vq import load_tokenizer
 from harness.shapes.weights import WEIGHTS_DIR, load_gpt, read_manifest
 
@@ -29,7 +30,7 @@ def test_every_stage_starts_after_the_stage_it_starts_from() -> None:
             assert all(GPTS[parent].get(k) == spec.get(k) for k in ARCH), (stage, parent)
     # asking for one stage brings the chain it needs, parents first
     assert stage_order(["target_refine"]) == ["drafter", "target", "target_refine"]
-    assert stage_order(["drafter_refine", "drafter"]) == ["drafter", "drafter_refine"]
+    assert stage_order(["target", "small_drafter"]) == ["drafter", "target", "small_drafter"]
 
 
 def test_every_shipped_role_comes_from_a_stage_of_that_role() -> None:
@@ -99,3 +100,31 @@ def test_a_stage_may_grow_zero_slot_embeddings_and_nothing_else(tmp_path: Path) 
     with pytest.raises(ValueError, match="does not fit this GPT"):
         initialise_from(other, tmp_path / "parent.safetensors")
 
+
+
+@torch.inference_mode()
+def test_a_stage_on_another_caption_encoding_inherits_all_but_the_caption_tensors(tmp_path: Path) -> None:
+    parent = _save_tiny(tmp_path / "parent.safetensors")
+    child = GPT(replace(parent.cfg, prefix_len=2, word_vocab=7, word_pos=True)).eval()
+    before = {k: v.clone() for k, v in child.state_dict().items()}
+    initialise_from(child, tmp_path / "parent.safetensors")
+    inherited = parent.state_dict()
+    for name, value in child.state_dict().items():
+        if name in CAPTION_TENSORS:
+            assert torch.equal(value, before[name]), name  # started afresh
+        elif name in inherited:
+            assert torch.equal(value, inherited[name]), name
+    assert {n for n in CAPTION_TENSORS if n in child.state_dict()} == {
+        "word_embeddings.weight", "word_pos", "cls_embedding.uncond_embedding"}
+    deeper = GPT(replace(parent.cfg, prefix_len=2, word_vocab=7, n_layer=2))
+    with pytest.raises(ValueError, match="missing.*layers.1"):
+        initialise_from(deeper, tmp_path / "parent.safetensors")
+
+
+def test_training_batches_follow_the_caption_encoding() -> None:
+    tokenizer = load_tokenizer(WEIGHTS_DIR / "tokenizer.safetensors")
+    words, tokens = batch(3, 0, 32, 4, tokenizer, 0.0)
+    phrases, same = batch(3, 0, 32, 4, tokenizer, 0.0, captions="phrases")
+    assert torch.equal(tokens, same)
+    assert words.ids.shape == (4, MAX_WORDS) and phrases.ids.shape == (4, MAX_PHRASES)
+    assert int(phrases.ids.max()) < len(PHRASES)

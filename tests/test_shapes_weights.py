@@ -3,6 +3,7 @@ of the shipped target that must score above a floor on shapes-GenEval."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,11 @@ from evaluators.geneval_rules import GenEvalRules
 from harness.api import SamplingParams
 from harness.datasets import shapes
 from harness.run import guided
+from harness.models.gpt import GPT
 from harness.shapes.bundle import load
-from harness.shapes.weights import WEIGHTS_DIR, WeightsError, read_manifest
+from harness.shapes.captions import ENCODINGS
+from harness.shapes.train_gpt import save_gpt
+from harness.shapes.weights import WEIGHTS_DIR, WeightsError, load_gpt, read_manifest, write_manifest
 from harness.seeding import image_seed
 
 
@@ -49,6 +53,21 @@ def test_corrupt_weights_are_refused_with_path_and_expected_hash(tmp_path: Path)
     (folder / "drafter.safetensors").unlink()
     target.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))
     with pytest.raises(WeightsError, match="missing weights file"):
+        load(folder)
+
+
+def test_models_reading_different_caption_encodings_are_refused(tmp_path: Path) -> None:
+    """One conditioner serves the whole bundle, so a drafter trained on another caption encoding
+    than the target is refused, naming both."""
+    folder = tmp_path / "weights"
+    shutil.copytree(WEIGHTS_DIR, folder)
+    shipped = load_gpt(folder / "drafter.safetensors")
+    _, slots, vocab = [e for name, e in ENCODINGS.items() if e[1] != shipped.cfg.prefix_len][0]
+    other = GPT(replace(shipped.cfg, prefix_len=slots, word_vocab=vocab))
+    save_gpt(other, folder / "drafter.safetensors", {})
+    manifest = read_manifest(folder)
+    write_manifest(folder, list(manifest["files"]), {k: v for k, v in manifest.items() if k != "files"})
+    with pytest.raises(WeightsError, match="different caption encodings.*drafter"):
         load(folder)
 
 

@@ -110,6 +110,36 @@ def test_malformed_captions() -> None:
         tokenize("a photo of a circle")
 
 
+def test_phrases_tell_twins_apart_and_merge_paraphrases() -> None:
+    """One phrase token per noun phrase: a caption and its word-swapped twin get different phrase
+    sets (unlike their word bags), and "X left of Y" reads as "Y right of X"."""
+    for tag in TAGS:
+        for meta in captions.all_metas(tag):
+            names = captions.phrases(meta)
+            assert 1 <= len(names) <= captions.MAX_PHRASES and set(names) <= set(captions.PHRASES[1:])
+    for tag in captions.TWIN_TAGS:
+        for meta in captions.all_metas(tag)[:40]:
+            assert sorted(captions.phrases(meta)) != sorted(captions.phrases(captions.twin(meta)))
+    left = captions.phrase_tokenize(["a photo of a circle left of a square"])[0]
+    right = captions.phrase_tokenize(["a photo of a square right of a circle"])[0]
+    assert sorted(left.tolist()) == sorted(right.tolist())
+    ids = captions.phrase_tokenize(["a photo of three crosses", "a photo of a red circle and a blue square"])
+    assert ids.shape == (2, captions.MAX_PHRASES) and ids.dtype == torch.long
+    assert [captions.PHRASES[i] for i in ids[0]] == ["three crosses", "<pad>"]
+    assert [captions.PHRASES[i] for i in ids[1]] == ["red circle", "blue square"]
+    with pytest.raises(ValueError, match="'hexagon'"):
+        captions.phrase_tokenize(["a photo of a hexagon"])
+    with pytest.raises(TypeError):
+        captions.phrase_tokenize("a photo of a circle")
+
+
+def test_encoding_is_recognised_from_slots_and_vocabulary() -> None:
+    for name, (_, slots, vocab) in captions.ENCODINGS.items():
+        assert captions.encoding_of(slots, vocab) == name
+    with pytest.raises(ValueError, match="no shapes caption encoding has 3 slots and 11 tokens.*words"):
+        captions.encoding_of(3, 11)
+
+
 def test_prompt_set_is_balanced_and_deterministic() -> None:
     for n in (64, 553):
         metas = prompt_set(n, seed=0)
@@ -131,6 +161,24 @@ def test_sample_scene_is_deterministic() -> None:
     assert np.array_equal(render(a[0], 64), render(a[1], 64))
     rng = np.random.default_rng(7)
     assert sample_scene(rng) != sample_scene(rng)
+
+
+def test_named_order_puts_the_first_named_object_first_in_raster_order() -> None:
+    """The same draws as the free layout, with the two boxes assigned in reading order."""
+    for seed in range(60):
+        meta = captions.sample_meta(("two_object", "color_attr")[seed % 2], np.random.default_rng(seed))
+        free = scene_for_caption(meta, np.random.default_rng([seed, 1]))
+        named = scene_for_caption(meta, np.random.default_rng([seed, 1]), named_order=True)
+        boxes = lambda scene: sorted((s.cx, s.cy, s.size) for s in scene.shapes)  # noqa: E731
+        assert boxes(free) == boxes(named)
+        first, second = named.shapes
+        assert (first.kind, second.kind) == tuple(g["class"] for g in meta["include"])
+        assert (first.box[1], first.box[0]) <= (second.box[1], second.box[0])
+        dets = ShapesDetector().detect(render(named, 64))
+        assert RULES.evaluate(dets, meta)[0]
+    position = captions.all_metas("position")[5]
+    assert (scene_for_caption(position, np.random.default_rng(3), named_order=True)
+            == scene_for_caption(position, np.random.default_rng(3)))
 
 
 def test_sample_scene_restricted_to_tags() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 from harness.api import ModelBundle
 from harness.models.conditioners import WordIdConditioner
 from harness.models.image_model import TokenImageModel
-from harness.shapes.captions import MAX_WORDS, tokenize
+from harness.shapes.captions import ENCODINGS, encoding_of
 from harness.shapes.vq import load_tokenizer
-from harness.shapes.weights import WEIGHTS_DIR, load_gpt, read_manifest, verified
+from harness.shapes.weights import WEIGHTS_DIR, WeightsError, load_gpt, read_manifest, verified
 
 log = logging.getLogger(__name__)
 
@@ -22,14 +22,21 @@ def load(weights_dir: str | Path | None = None, drafter: bool = True, small_draf
     files = read_manifest(folder)["files"]
     tokenizer = load_tokenizer(verified("tokenizer.safetensors", folder))
 
+    encodings: dict[str, str] = {}
+
     def model(role: str) -> TokenImageModel:
         gpt = load_gpt(verified(f"{role}.safetensors", folder))
+        encodings[role] = encoding_of(gpt.cfg.prefix_len, gpt.cfg.word_vocab)
         return TokenImageModel(gpt, tokenizer, image_size=gpt.cfg.grid[0] * 4)
 
-    return ModelBundle(
-        name="shapes",
+    bundle = dict(
         target=model("target"),
         drafter=model("drafter") if drafter and "drafter.safetensors" in files else None,
         small_drafter=model("small_drafter") if small_drafter and "small_drafter.safetensors" in files else None,
-        conditioner=WordIdConditioner(tokenize, MAX_WORDS),
     )
+    # One conditioner serves every model of the bundle, so all must read the same caption encoding.
+    if len(set(encodings.values())) != 1:
+        raise WeightsError(f"the shapes models in {folder} read different caption encodings {encodings}; "
+                           "retrain them with one recipe")
+    tokenize, slots, _ = ENCODINGS[encodings["target"]]
+    return ModelBundle(name="shapes", conditioner=WordIdConditioner(tokenize, slots), **bundle)

@@ -12,6 +12,9 @@ Six templates, one per GenEval tag:
 A caption alone determines its metadata (`parse`), and the metadata determines the caption
 (`compose`); metadata dicts follow GenEval's `evaluation_metadata.jsonl` schema, keys in its order
 (tag, include, [exclude], prompt).
+
+Two caption encodings feed a shapes GPT (ENCODINGS): "words" (`tokenize`, one slot per word of
+VOCAB) and "phrases" (`phrase_tokenize`, one slot per noun phrase of PHRASES).
 """
 from __future__ import annotations
 
@@ -242,6 +245,65 @@ def tokenize(captions: Sequence[str]) -> torch.Tensor:
                              f"allows at most MAX_WORDS={MAX_WORDS}")
         out[row, :len(words)] = torch.tensor([_INDEX[w] for w in words], dtype=torch.long)
     return out
+
+
+# The phrase lexicon: the shapes world's text encoder. Word ids carry no binding: with the shapes
+# GPT's conditioning, "a red circle and a blue square" and "a blue circle and a red square" read
+# alike (benchmarks/caption_binding.py: 0.0 nats apart after 2400 steps). A pretrained text encoder
+# gives contextual features in which "red" belongs to "circle"; the lexicon stands in for one by
+# giving every noun phrase of the grammar its own token: "red circle", "three triangles", and for
+# position captions each object with its own relation ("circle left of", "square right of").
+INVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+PHRASES: tuple[str, ...] = (
+    "<pad>", *SHAPES, *(f"{c} {s}" for c in COLOR_NAMES for s in SHAPES),
+    *(f"{NUMBERS[n]} {PLURALS[s]}" for n in NUMBERS for s in SHAPES),
+    *(f"{s} {r}" for r in RELATIONS for s in SHAPES),
+)
+MAX_PHRASES = 2
+_PHRASE_INDEX = {phrase: i for i, phrase in enumerate(PHRASES)}
+
+
+def phrases(meta: Meta) -> list[str]:
+    """The noun phrases of a caption's metadata, in caption order (one or two of PHRASES)."""
+    include = meta["include"]
+    if meta["tag"] == "counting":
+        return [f"{NUMBERS[include[0]['count']]} {PLURALS[include[0]['class']]}"]
+    if meta["tag"] == "position":
+        target, subject = include
+        relation = subject["position"][0]
+        return [f"{subject['class']} {relation}", f"{target['class']} {INVERSE[relation]}"]
+    return [f"{g['color']} {g['class']}" if "color" in g else g["class"] for g in include]
+
+
+def phrase_tokenize(captions: Sequence[str]) -> torch.Tensor:
+    """Captions [B] -> phrase ids LongTensor [B, MAX_PHRASES], right-padded with 0 ("<pad>").
+
+    Raises ValueError naming the word (or the caption) when a caption is outside the grammar.
+    """
+    if isinstance(captions, str):
+        raise TypeError("phrase_tokenize expects a sequence of captions, got a single str; wrap it in a list")
+    out = torch.zeros(len(captions), MAX_PHRASES, dtype=torch.long)
+    for row, caption in enumerate(captions):
+        ids = [_PHRASE_INDEX[p] for p in phrases(parse(caption))]
+        out[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+# Caption encodings a shapes GPT can be trained on: name -> (tokenize, prefix slots, vocabulary).
+ENCODINGS = {"words": (tokenize, MAX_WORDS, len(VOCAB)),
+             "phrases": (phrase_tokenize, MAX_PHRASES, len(PHRASES))}
+
+
+def encoding_of(prefix_len: int, word_vocab: int) -> str:
+    """The name of the caption encoding a GPT with this prefix and vocabulary was trained on."""
+    for name, (_, slots, vocab) in ENCODINGS.items():
+        if (slots, vocab) == (prefix_len, word_vocab):
+            return name
+    raise ValueError(f"no shapes caption encoding has {prefix_len} slots and {word_vocab} tokens; "
+                     f"known: {ENCODINGS_SUMMARY}")
+
+
+ENCODINGS_SUMMARY = ", ".join(f"{n} ({s} slots, {v} tokens)" for n, (_, s, v) in ENCODINGS.items())
 
 
 def prompt_set(n: int, seed: int) -> list[Meta]:

@@ -38,31 +38,25 @@ TOKENIZER = dict(steps=600, batch_size=64, seed=0, lr=2e-3, log_every=50, ckpt_e
 # GPT stages in training order: stage name -> train_gpt arguments, plus `role` (architecture and
 # resolution) and `init_from` (an earlier stage to start from). SHIPPED names the stage whose
 # weights ship under each role's file name.
+# Every stage reads captions as noun-phrase tokens (captions.PHRASES), attends to them by content
+# (rope_fraction 0.5: half of each head's dimension pairs never rotate, so image queries can pick
+# a caption slot; no broadcast), and sees two-object scenes laid out in the caption's order.
+CAPTIONS = dict(captions="phrases", word_pos=True, named_order=True, rope_fraction=0.5)
 GPTS: dict[str, dict[str, Any]] = {
     "drafter": dict(role="drafter", steps=3000, batch_size=32, lr=2e-3, dim=256, n_layer=4, n_head=4,
-                    seed=1, focus_steps=400, cond_broadcast=True),
+                    seed=1, focus_steps=400, **CAPTIONS),
     "small_drafter": dict(role="small_drafter", steps=1500, batch_size=32, lr=2e-3, dim=256, n_layer=1,
-                          n_head=4, seed=2, focus_steps=400),
+                          n_head=4, seed=2, focus_steps=400, **CAPTIONS),
     # The target starts from the trained drafter (LlamaGen trains its 512 px stage from the 256 px
     # one), which already reads the caption (see train_gpt's curriculum).
     "target": dict(role="target", steps=1500, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4,
-                   seed=0, init_from="drafter", warmup=20, cond_broadcast=True),
-    # A second cosine cycle at half the rate (96 prompts, cfg 1: 0.47 -> 0.60) that also grows caption-slot
-    # embeddings (word_pos, zero at the start). Measured: after these 900 steps the models still
-    # score a caption and its word-swapped twin alike (order not learned); the embeddings cost nothing.
+                   seed=0, init_from="drafter", warmup=20, **CAPTIONS),
+    # A second cosine cycle at half the rate.
     "target_refine": dict(role="target", steps=900, batch_size=32, lr=5e-4, dim=256, n_layer=4, n_head=4,
-                          seed=3, init_from="target", warmup=20, cond_broadcast=True, word_pos=True),
-    "drafter_refine": dict(role="drafter", steps=900, batch_size=32, lr=1e-3, dim=256, n_layer=4, n_head=4,
-                           seed=5, init_from="drafter", warmup=20, cond_broadcast=True, word_pos=True),
+                          seed=3, init_from="target", warmup=20, **CAPTIONS),
 }
-# Word order (benchmarks/caption_binding.py; 192 prompts, cfg 1.5 for GenEval). These stages read
-# captions as a bag of words: prefix_rope "zero" turns the caption into a uniform average of its
-# slots and the broadcast is linear in them (color_attr twin gap 0.0 nats). The same drafter and
-# target stages with rope_fraction=0.5 and no broadcast (content attention to caption slots) learn colour
-# binding (target twin gap 8.1 nats, true caption preferred 0.97; position 0.02) but draw the
-# wrong second object more often: GenEval 0.53 against 0.67 for these weights. With the
-# broadcast kept, rope_fraction=0.5 learns no binding (900 steps from target_refine: gap -0.03).
-SHIPPED = {"target": "target_refine", "drafter": "drafter_refine", "small_drafter": "small_drafter"}
+# MEASUREMENTS
+SHIPPED = {"target": "target_refine", "drafter": "drafter", "small_drafter": "small_drafter"}
 
 
 def _commit() -> str:

@@ -155,9 +155,19 @@ def _colors_for(groups: list[dict[str, Any]], rng: np.random.Generator) -> list[
     return [g.get("color") or COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))] for g in groups]
 
 
-def scene_for_caption(meta: Meta, rng: np.random.Generator) -> Scene:
+def _raster_first(box: tuple[float, float, float]) -> tuple[float, float]:
+    """Sort key of a box (cx, cy, size): its top edge, then its left edge (raster reading order)."""
+    return (box[1] - box[2] / 2, box[0] - box[2] / 2)
+
+
+def scene_for_caption(meta: Meta, rng: np.random.Generator, named_order: bool = False) -> Scene:
     """Lay out a scene depicting GenEval metadata `meta` (as produced by `parse`/`sample_meta`):
-    exactly the objects of its include groups, other attributes drawn from `rng`."""
+    exactly the objects of its include groups, other attributes drawn from `rng`.
+
+    `named_order`: the objects of two_object and color_attr captions appear in raster order (top
+    edge first, then left edge) in the order the caption names them, so a raster model meets the
+    first-named object first. Position captions keep their relation; the draws from `rng` are the
+    same either way."""
     tag = meta["tag"]
     if tag not in TAGS:
         raise ValueError(f"unknown GenEval tag {tag!r} in metadata; expected one of {TAGS}")
@@ -172,12 +182,14 @@ def scene_for_caption(meta: Meta, rng: np.random.Generator) -> Scene:
                          f"world lays out {min(SIZE_RANGE)} to {max(SIZE_RANGE)}")
     colors = _colors_for(groups, rng)
     boxes = _layout(len(groups), rng, relation)
+    if named_order and tag in ("two_object", "color_attr"):
+        boxes = sorted(boxes, key=_raster_first)
     shapes = tuple(Shape(g["class"], c, cx, cy, s)
                    for g, c, (cx, cy, s) in zip(groups, colors, boxes, strict=True))
     return Scene(shapes=shapes, caption=meta["prompt"], meta=meta)
 
 
-def sample_scene(rng: np.random.Generator, tags: tuple[str, ...] = TAGS) -> Scene:
+def sample_scene(rng: np.random.Generator, tags: tuple[str, ...] = TAGS, named_order: bool = False) -> Scene:
     """A random scene: tag uniform over `tags` (default GenEval's six), caption uniform in the
     grammar for that tag, then a layout consistent with it. Deterministic given the generator
     state."""
@@ -185,7 +197,7 @@ def sample_scene(rng: np.random.Generator, tags: tuple[str, ...] = TAGS) -> Scen
     if not tags or unknown:
         raise ValueError(f"tags must be a non-empty subset of {TAGS}, got {tags}")
     tag = tags[int(rng.integers(len(tags)))]
-    return scene_for_caption(sample_meta(tag, rng), rng)
+    return scene_for_caption(sample_meta(tag, rng), rng, named_order)
 
 
 def scene_for_text(caption: str, rng: np.random.Generator) -> Scene:

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT, GPTConfig
-from harness.shapes.captions import MAX_WORDS, TAGS, VOCAB, tokenize
+from harness.shapes.captions import ENCODINGS, TAGS, encoding_of
 from harness.shapes.scenes import render, sample_scene
 from harness.shapes.vq import ShapesVQ, load_tokenizer
 
@@ -37,8 +37,13 @@ ROLES = {"target": 64, "drafter": 32}  # image size per role; tokens = size / 4 
 
 
 def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
-               cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0) -> GPTConfig:
-    """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter")."""
+               cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
+               captions: str = "words") -> GPTConfig:
+    """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter") reading
+    captions in encoding `captions` ("words" or "phrases", captions.ENCODINGS)."""
+    if captions not in ENCODINGS:
+        raise ValueError(f"captions must be one of {sorted(ENCODINGS)}, got {captions!r}")
+    _, slots, vocab = ENCODINGS[captions]
     size = ROLES["target" if role == "small_drafter" else role]
     grid = size // DOWNSAMPLE
     # prefix_rope "zero" (LlamaGen's choice): caption slots get zero queries and keys, so every
@@ -47,21 +52,24 @@ def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
     # trained 400 steps from scratch on colour captions only: a wrong colour word cost 3.6 nats per
     # image with "zero", 1.2 with "identity".
     return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
-                     prefix_len=MAX_WORDS, caption_dim=64, word_vocab=len(VOCAB), cond_dropout=0.1,
+                     prefix_len=slots, caption_dim=64, word_vocab=vocab, cond_dropout=0.1,
                      prefix_rope="zero", cond_broadcast=cond_broadcast, word_pos=word_pos,
                      rope_fraction=rope_fraction)
 
 
 def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
-          cond_dropout: float, tags: tuple[str, ...] = TAGS) -> tuple[TextCondition, torch.Tensor]:
+          cond_dropout: float, tags: tuple[str, ...] = TAGS,
+          captions: str = "words", named_order: bool = False) -> tuple[TextCondition, torch.Tensor]:
     """The training batch of `step`: (condition [B], tokens [B, (size/4)^2]), a function of
-    (seed, step, tags) only; captions are drawn from `tags`."""
+    (seed, step, tags) only; captions are drawn from `tags` and encoded as `captions`; with
+    `named_order` two-object scenes follow the caption's order (scenes.scene_for_caption)."""
     rng = np.random.default_rng([seed, step])
-    scenes = [sample_scene(rng, tags) for _ in range(batch_size)]
+    scenes = [sample_scene(rng, tags, named_order) for _ in range(batch_size)]
     images = torch.from_numpy(np.stack([render(s, size) for s in scenes])).permute(0, 3, 1, 2)
     tokens = tokenizer.encode(images).flatten(1)
     null = torch.from_numpy(rng.random(batch_size) < cond_dropout)
-    return TextCondition(null=null, ids=tokenize([s.caption for s in scenes])), tokens
+    ids = ENCODINGS[captions][0]([s.caption for s in scenes])
+    return TextCondition(null=null, ids=ids), tokens
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -73,18 +81,29 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 
 GROWN = {"word_pos"}  # parameters a child stage may add to its parent's (zero-initialised)
+# Tensors whose shape follows the caption encoding (slots x vocabulary): a child that reads another
+# encoding than its parent starts these afresh and inherits the rest (image embeddings, blocks).
+CAPTION_TENSORS = {"word_embeddings.weight", "word_pos", "cls_embedding.uncond_embedding",
+                   "cond_broadcast.weight", "cond_broadcast.bias"}
 
 
 def initialise_from(gpt: GPT, path: Path) -> None:
     """Load a parent GPT's weights into `gpt`: every parent tensor must exist with its shape,
-    and `gpt` may only add the zero-initialised parameters in GROWN."""
+    and `gpt` may only add the zero-initialised parameters in GROWN. A parent trained on another
+    caption encoding (prefix slots, vocabulary) gives everything but its CAPTION_TENSORS."""
     from harness.shapes.weights import load_gpt
 
+    parent = load_gpt(path)
+    state = parent.state_dict()
+    fresh: set[str] = set()
+    if (parent.cfg.prefix_len, parent.cfg.word_vocab) != (gpt.cfg.prefix_len, gpt.cfg.word_vocab):
+        fresh = CAPTION_TENSORS & set(gpt.state_dict())
+        state = {k: v for k, v in state.items() if k not in CAPTION_TENSORS}
     try:
-        missing, unexpected = gpt.load_state_dict(load_gpt(path).state_dict(), strict=False)
+        missing, unexpected = gpt.load_state_dict(state, strict=False)
     except RuntimeError as err:  # a tensor of another shape
         raise ValueError(f"{path} does not fit this GPT: {err}") from err
-    lacking = sorted(set(missing) - GROWN)
+    lacking = sorted(set(missing) - GROWN - fresh)
     if unexpected or lacking:
         raise ValueError(f"{path} does not fit this GPT: missing {lacking}, "
                          f"unexpected {sorted(unexpected)}")
@@ -106,13 +125,19 @@ def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any], dtype: torch.dtype = t
     os.replace(tmp, path)
 
 
+def caption_encoding(gpt: GPT) -> str:
+    """The caption encoding ("words", "phrases") a shapes GPT reads."""
+    return encoding_of(gpt.cfg.prefix_len, gpt.cfg.word_vocab)
+
+
 @torch.no_grad()
 def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: int = 4) -> float:
-    """Mean token cross-entropy on held-out batches (a seed stream disjoint from training)."""
+    """Mean token cross-entropy on held-out batches (a seed stream disjoint from training). The
+    scenes use the free layout (not `named_order`) for every model, so recipes compare."""
     gpt.eval()
     losses, device = [], gpt.output.weight.device
     for i in range(batches):
-        cond, tokens = batch(i, seed + 10_000, size, 32, tokenizer, 0.0)
+        cond, tokens = batch(i, seed + 10_000, size, 32, tokenizer, 0.0, TAGS, caption_encoding(gpt))
         cond, tokens = cond.to(device), tokens.to(device)
         logits = gpt.forward_train(cond, tokens)
         losses.append(F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).item())
@@ -126,7 +151,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
               init_from: Path | None = None, focus_steps: int = 0,
               focus_tags: tuple[str, ...] = ("colors",), tags: tuple[str, ...] = TAGS,
               cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
-              device: str = "cpu") -> dict[str, Any]:
+              captions: str = "words", named_order: bool = False, device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
 
     Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from
@@ -145,6 +170,13 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     `rope_fraction`: the fraction of each head's dimension pairs that rotate (GPTConfig); below 1
     image queries can pick caption slots by content.
 
+    `captions`: the caption encoding ("words": the grammar's words, one slot each; "phrases": one
+    token per noun phrase, captions.PHRASES). A child of a parent with another encoding inherits
+    everything but the caption tensors (CAPTION_TENSORS), which start afresh.
+
+    `named_order`: two-object scenes show their objects in raster order in the order the caption
+    names them (scenes.scene_for_caption), so a raster model meets the first-named object first.
+
     `device`: where the GPT trains ("cpu", "cuda"); scenes are rendered and tokenised on the CPU,
     so the batches are the same on every device (the floats of the updates are not).
 
@@ -157,7 +189,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     size = ROLES["target" if role == "small_drafter" else role]
     torch.manual_seed(seed)
     gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos,
-                         rope_fraction)).train()
+                         rope_fraction, captions)).train()
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
@@ -177,7 +209,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     t0, loss_ema = time.perf_counter(), None
     for step in range(start, steps):
         mix = tuple(focus_tags) if step < focus_steps else tuple(tags)
-        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, mix)
+        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, mix, captions,
+                             named_order)
         cond, tokens = cond.to(device), tokens.to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
@@ -197,7 +230,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
                "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos,
-               "rope_fraction": rope_fraction}
+               "rope_fraction": rope_fraction, "captions": captions, "named_order": named_order}
     save_gpt(gpt.eval().cpu(), out_dir / f"{role}.safetensors", metrics)
     log.info("%s done: %s", role, metrics)
     return metrics
@@ -217,12 +250,25 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="where the GPT trains: cpu, cuda, cuda:1, ...")
+    ap.add_argument("--captions", default="words", choices=["words", "phrases"], help="caption encoding")
+    ap.add_argument("--init-from", type=Path, default=None, help="a trained GPT to start from")
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--focus-steps", type=int, default=0)
+    ap.add_argument("--cond-broadcast", action="store_true", help="add the caption to every image token")
+    ap.add_argument("--word-pos", action="store_true", help="learned embedding per caption slot")
+    ap.add_argument("--named-order", action="store_true", help="two objects appear in the caption's order")
+    ap.add_argument("--rope-fraction", type=float, default=1.0, help="fraction of rotating dimension pairs")
+    ap.add_argument("--tags", nargs="+", default=list(TAGS), choices=list(TAGS),
+                    help="caption tags to draw from (a tag listed twice is drawn twice as often)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.threads:
         torch.set_num_threads(a.threads)
     train_gpt(a.role, a.tokenizer, a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr, dim=a.dim,
-              n_layer=a.n_layer, n_head=a.n_head, seed=a.seed, device=a.device)
+              n_layer=a.n_layer, n_head=a.n_head, seed=a.seed, device=a.device, captions=a.captions,
+              init_from=a.init_from, warmup=a.warmup, focus_steps=a.focus_steps,
+              cond_broadcast=a.cond_broadcast, word_pos=a.word_pos, named_order=a.named_order,
+              tags=tuple(a.tags), rope_fraction=a.rope_fraction)
 
 
 if __name__ == "__main__":
