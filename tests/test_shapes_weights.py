@@ -72,11 +72,12 @@ def test_models_reading_different_caption_encodings_are_refused(tmp_path: Path) 
 
 
 def test_shipped_target_samples_score_above_a_floor() -> None:
-    """A short raster run of the shipped target on 24 prompts (4 per GenEval tag). Measured with
-    benchmarks/shapes_world.py on 576 prompts: 0.57 overall without CFG; the floor (0.625 measured
-    on these 24) catches broken weights and a broken decode path."""
+    """A short raster run of the shipped target on 24 prompts (4 per GenEval tag) with the model's
+    CFG scale. Measured with benchmarks/shapes_world.py on 576 prompts: 0.79 overall (cfg 1.5);
+    0.79 on these 24. The floor catches broken weights, a broken caption path (a bag-of-words
+    reading scored 0.12 on color_attr) and a broken decode path."""
     prompts = shapes(24)
-    params = SamplingParams(temperature=1.0, cfg_scale=1.0)
+    params = SamplingParams(temperature=1.0, cfg_scale=1.5)
     models = guided(load(small_drafter=False), params)
     cond = models.condition([p.text for p in prompts])
     seeds = [image_seed(0, p.id, 0) for p in prompts]
@@ -86,4 +87,4 @@ def test_shipped_target_samples_score_above_a_floor() -> None:
     rules = GenEvalRules()
     correct = [rules.evaluate(d, p.meta)[0] for d, p in zip(detections, prompts)]
     score = float(np.mean(correct))
-    assert score >= 0.45, f"shipped target scores {score:.2f} on 24 prompts"
+    assert score >= 0.65, f"shipped target scores {score:.2f} on 24 prompts"
