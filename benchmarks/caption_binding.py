@@ -7,8 +7,11 @@ caption against its word-swapped twin:
 A model that reads the caption as a bag of words scores both alike (gap ~0 nats, preferred ~0.5);
 one that binds colours to shapes and subjects to relations prefers the true caption.
 
-    python benchmarks/caption_binding.py                       # the shipped target and drafter
+    python benchmarks/caption_binding.py --named-order         # the shipped target and drafter
     python benchmarks/caption_binding.py --gpt a.safetensors b.safetensors
+
+`--named-order` lays two-object scenes out as models trained with `named_order` (the shipped
+ones) saw them; without it the color_attr scenes are half out of their training layout.
 """
 from __future__ import annotations
 

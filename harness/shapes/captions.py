@@ -292,6 +292,7 @@ def phrase_tokenize(captions: Sequence[str]) -> torch.Tensor:
 # Caption encodings a shapes GPT can be trained on: name -> (tokenize, prefix slots, vocabulary).
 ENCODINGS = {"words": (tokenize, MAX_WORDS, len(VOCAB)),
              "phrases": (phrase_tokenize, MAX_PHRASES, len(PHRASES))}
+ENCODINGS_SUMMARY = ", ".join(f"{n} ({s} slots, {v} tokens)" for n, (_, s, v) in ENCODINGS.items())
 
 
 def encoding_of(prefix_len: int, word_vocab: int) -> str:
@@ -301,9 +302,6 @@ def encoding_of(prefix_len: int, word_vocab: int) -> str:
             return name
     raise ValueError(f"no shapes caption encoding has {prefix_len} slots and {word_vocab} tokens; "
                      f"known: {ENCODINGS_SUMMARY}")
-
-
-ENCODINGS_SUMMARY = ", ".join(f"{n} ({s} slots, {v} tokens)" for n, (_, s, v) in ENCODINGS.items())
 
 
 def prompt_set(n: int, seed: int) -> list[Meta]:
