@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT
-from harness.shapes.captions import ENCODINGS, TWIN_TAGS, encoding_of, sample_meta, twin
+from harness.shapes.captions import ENCODINGS, TWIN_TAGS, sample_meta, twin
 from harness.shapes.scenes import render, scene_for_caption
-from harness.shapes.train_gpt import DOWNSAMPLE
+from harness.shapes.train_gpt import DOWNSAMPLE, caption_encoding
 from harness.shapes.vq import ShapesVQ, load_tokenizer
 from harness.shapes.weights import WEIGHTS_DIR, load_gpt
 
@@ -36,7 +36,7 @@ from harness.shapes.weights import WEIGHTS_DIR, load_gpt
 def nats(gpt: GPT, captions: list[str], tokens: torch.Tensor) -> torch.Tensor:
     """Per-image teacher-forced negative log-likelihood [N] of tokens [N, T] under captions [N]."""
     device = gpt.output.weight.device
-    tokenize = ENCODINGS[encoding_of(gpt.cfg.prefix_len, gpt.cfg.word_vocab)][0]
+    tokenize = ENCODINGS[caption_encoding(gpt)][0]
     cond = TextCondition(null=torch.zeros(len(captions), dtype=torch.bool), ids=tokenize(captions)).to(device)
     tokens = tokens.to(device)
     logits = gpt.forward_train(cond, tokens)

@@ -74,8 +74,8 @@ def test_models_reading_different_caption_encodings_are_refused(tmp_path: Path) 
 def test_shipped_target_samples_score_above_a_floor() -> None:
     """A short raster run of the shipped target on 24 prompts (4 per GenEval tag) with the model's
     CFG scale. Measured with benchmarks/shapes_world.py on 576 prompts: 0.79 overall (cfg 1.5);
-    0.79 on these 24. The floor catches broken weights, a broken caption path (a bag-of-words
-    reading scored 0.12 on color_attr) and a broken decode path."""
+    0.79 on these 24. The floor catches broken weights, a broken caption path and a broken decode
+    path."""
     prompts = shapes(24)
     params = SamplingParams(temperature=1.0, cfg_scale=1.5)
     models = guided(load(small_drafter=False), params)

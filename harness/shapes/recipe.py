@@ -62,8 +62,9 @@ GPTS: dict[str, dict[str, Any]] = {
 # 0.344 / 0.125 / 0.667 and read captions as a bag of words (benchmarks/caption_binding.py: 0.0
 # nats between a caption and its word-swapped twin). Content attention alone (words, rope_fraction
 # 0.5, no broadcast) bound colours (8.1 nats) but drew the second object of two_object captions as
-# a copy of the first (0.526). Phrase tokens or named order grafted onto that previous target by
-# 600 fine-tuning steps learned no binding (gap <= 0.27 nats; 0.48 and 0.59).
+# a copy of the first (0.526). 600 fine-tuning steps of that previous target with named order
+# (color_attr drawn twice as often) learned no binding (gap 0.09 nats; 0.59), nor with phrase
+# tokens on top (caption tensors afresh; gap 0.27; 0.48).
 SHIPPED = {"target": "target_refine", "drafter": "drafter", "small_drafter": "small_drafter"}
 
 

@@ -250,7 +250,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="where the GPT trains: cpu, cuda, cuda:1, ...")
-    ap.add_argument("--captions", default="words", choices=["words", "phrases"], help="caption encoding")
+    ap.add_argument("--captions", default="words", choices=list(ENCODINGS), help="caption encoding")
     ap.add_argument("--init-from", type=Path, default=None, help="a trained GPT to start from")
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--focus-steps", type=int, default=0)
