@@ -62,7 +62,7 @@ class IslandResampler:
         kv: "refresh" or "stale" (K/V of kept drafts after t0).
     """
 
-    def __init__(self, schedule: str = "parallel", window: int = 2, context: str = "visible",
+    def __init__(self, schedule: str = "parallel", window: int = 2, context: str = "masked",
                  kv: str = "refresh") -> None:
         for key, value, options in (("schedule", schedule, SCHEDULES), ("context", context, CONTEXTS),
                                     ("kv", kv, KV_MODES)):

@@ -114,10 +114,14 @@ class SpeculativeDecoder:
         self._record(rec, active, start, draft, res, extra)
 
     def _verify(self, ctx: Context, canvas: Canvas, draft: Draft, refeed: int) -> Tensor:
-        """One target forward over canvas[fed .. frontier + L - 1] (width refeed + L, fixed) ->
-        p [B, L+1, V] for positions frontier .. frontier + L."""
+        """One target forward over canvas[fed .. frontier + L - 1] (width refeed + L, cut at the
+        image's end for the batch) -> p [B, L+1, V] for positions frontier .. frontier + L.
+
+        Inputs at or past the last position N - 1 predict nothing that exists, so the width stops
+        at N - min(fed): a whole-image block (MuLo-SD, L = N, refeed = N) feeds N tokens, not 2N."""
         length = draft.tokens.shape[1]
-        tokens, positions = canvas.read(canvas.fed, refeed + length)
+        width = max(min(refeed + length, ctx.n_tokens - int(canvas.fed.min())), 1)
+        tokens, positions = canvas.read(canvas.fed, width)
         logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
         offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b
         index = offset[:, None] + torch.arange(length + 1, device=offset.device)

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -54,11 +54,15 @@ def _sync(device: torch.device) -> None:
 
 
 def decode_all(decoder: Any, models: ModelBundle, specs: Sequence[SampleSpec], batch: int,
-               device: torch.device) -> tuple[float, torch.Tensor, list[DecodeStats]]:
-    """Decode every spec in batches; return (seconds spent in generate, tokens [n, N], stats)."""
+               device: torch.device, before: Callable[[int, int], None] | None = None
+               ) -> tuple[float, torch.Tensor, list[DecodeStats]]:
+    """Decode every spec in batches; return (seconds spent in generate, tokens [n, N], stats).
+    `before(start, stop)`, if given, runs untimed ahead of the batch of specs[start:stop]."""
     spent, tokens, stats = 0.0, [], []
     for i in range(0, len(specs), batch):
         chunk = specs[i : i + batch]
+        if before is not None:
+            before(i, i + len(chunk))
         cond = models.condition([s.prompt.text for s in chunk])
         _sync(device)
         start = time.perf_counter()

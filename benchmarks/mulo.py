@@ -3,7 +3,8 @@ ablations (paper.md §10.2) on the same prompts.
 
     python benchmarks/mulo.py [--model shapes|random] [--images 16] [--reps 2] [--fid]
                               [--quality-images 96] [--quality-batch 8]
-                              [--ablations [--only ablation_upsampling ...]] [--device auto]
+                              [--ablations [--only ablation_upsampling ...]] [--diagnose]
+                              [--device auto]
                               [--threads 1] [hydra overrides ...]
 
 Main table, per decoder: target / drafter forwards per image, the target's split into verify and
@@ -14,6 +15,12 @@ l = 0..4, (d) serial/parallel drafting x resampling and the resampler window, an
 questions; each row with speed-up, step compression, acceptance and GenEval. Decoder variants are
 composed from the experiment configs (conf/experiment/ablation_*.yaml), so the benchmark measures
 what they run.
+
+--diagnose adds a table that splits MuLo-SD's quality loss (untimed, on the quality images):
+the same decoder with its real drafter; with an oracle drafter that replays D_r(the target's own
+raster sample) (harness/models/replay.py: the draft's layout is the target's); with k = 1,
+tau = 1 (drafts are kept only where the target is certain, so nearly everything is resampled:
+the resampler alone); each with the paper's parallel resampler and with serial resampling.
 
 Timing needs few images, a 2-point GenEval difference needs many: with `--quality-images N`,
 GenEval and FID are scored on N images (the first `--images` of them are the timed ones) decoded
@@ -34,8 +41,10 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.decoders import RANDOM_LIKE_SHAPES, decode_all, geneval_score  # noqa: E402
+from baselines.canvas import Context  # noqa: E402
 from harness.api import DecodeStats, ModelBundle  # noqa: E402
 from harness.datasets import shapes  # noqa: E402
+from harness.models.replay import ReplayModel  # noqa: E402
 from harness.run import _build, _device, guided  # noqa: E402
 from harness.samples import SampleSet, SampleSpec, plan  # noqa: E402
 
@@ -166,6 +175,62 @@ def ablation_decoders(model: str, overrides: Sequence[str],
     return out
 
 
+def low_view(decoder: Any, models: ModelBundle, high: torch.Tensor) -> torch.Tensor:
+    """D_r with the decoder's own down-sampler: high-res tokens [B, N] -> low-res [B, n_low]."""
+    draft = decoder.draft.bind(models)
+    ctx = Context(models=models, cond=None, sampling=decoder.sampling, gens=[],  # type: ignore[arg-type]
+                  device=high.device)
+    return draft.upsampler.down(high.view(-1, *models.target.grid), ctx).flatten(1)
+
+
+def decode_with_oracle(decoder: Any, models: ModelBundle, specs: Sequence[SampleSpec], reference: torch.Tensor,
+                       batch: int, device: torch.device) -> tuple[torch.Tensor, list[DecodeStats]]:
+    """Decode with the drafter replaced by a ReplayModel of D_r(reference [n, N]) per batch."""
+    replay = ReplayModel(models.drafter)
+    oracle = ModelBundle(name=f"{models.name}+oracle", target=models.target, conditioner=models.conditioner,
+                         drafter=replay)  # type: ignore[arg-type]
+
+    def before(start: int, stop: int) -> None:
+        replay.replay(low_view(decoder, models, reference[start:stop].to(device)))
+
+    _, tokens, stats = decode_all(decoder, oracle, specs, batch, device, before)
+    return tokens, stats
+
+
+DIAGNOSES = {  # label -> (overrides of decoder.mulo_sd, oracle drafter)
+    "drafter": ([], False),
+    "oracle draft": ([], True),
+    "k=1 tau=1 (resampler alone)": (["accept.k=1", "accept.tau=1.0"], False),
+    "serial: drafter": (["resampler.schedule=serial"], False),
+    "serial: oracle draft": (["resampler.schedule=serial"], True),
+    "serial: k=1 tau=1": (["resampler.schedule=serial", "accept.k=1", "accept.tau=1.0"], False),
+}
+
+
+def diagnose(model: str, overrides: Sequence[str], models: ModelBundle, specs: Sequence[SampleSpec],
+             device: torch.device, evaluator: Any, batch: int, tmp: Path) -> list[dict[str, Any]]:
+    """The --diagnose table (module docstring): raster first, then every DIAGNOSES row; forwards,
+    acceptance and GenEval (no timing: an oracle drafter costs nothing)."""
+    raster = _build(compose_config(model, overrides).decoder.raster)
+    _, reference, raster_stats = decode_all(raster, models, specs, batch, device)
+    outputs = {"raster": (reference, raster_stats)}
+    for label, (extra, oracle) in DIAGNOSES.items():
+        node = compose_config(model, [*overrides, *(f"decoder.mulo_sd.{o}" for o in extra)]).decoder.mulo_sd
+        decoder = _build(node)
+        if oracle:
+            outputs[label] = decode_with_oracle(decoder, models, specs, reference, batch, device)
+        else:
+            outputs[label] = decode_all(decoder, models, specs, batch, device)[1:]
+    rows = []
+    for i, (label, (tokens, stats)) in enumerate(outputs.items()):
+        row = {"decoder": label, **summarise(stats), "s_img": float("nan"), "speedup": float("nan"),
+               "geneval": geneval_score(evaluator, models, specs, tokens, stats, tmp / f"d{i}"),
+               "fid": float("nan")}
+        rows.append(row)
+        log.info("%s: %s", label, {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["random", "shapes"], default="shapes")
@@ -178,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--ablations", action="store_true", help="also run the paper's ablations (§10.2)")
     ap.add_argument("--only", nargs="+", default=None, choices=[*ABLATIONS, "ablation_pooling"],
                     help="with --ablations: run only these ablation tables")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="add the table that splits MuLo-SD's quality loss (oracle drafter, resampler alone)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. decoder.mulo_sd.accept.tau=0.2")
@@ -212,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,
                                quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)
+        if a.diagnose:
+            rows = diagnose(a.model, a.overrides, models, quality or specs, device, evaluators["geneval"],
+                            a.quality_batch, Path(tmp) / "diagnose")
+            print(table("== diagnose (untimed; quality images)", rows), flush=True)
 
 
 if __name__ == "__main__":

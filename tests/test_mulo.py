@@ -284,12 +284,12 @@ def test_pooled_mass_sums_the_neighbourhood() -> None:
         PooledThresholdRule(k=4, tau=1.5)
 
 
-@pytest.mark.parametrize("variant", ["default", "masked-stale-serial-rows1"])
+@pytest.mark.parametrize("variant", ["default", "visible-stale-serial-rows1"])
 def test_batch_size_does_not_change_mulo_images(bundle: ModelBundle, variant: str) -> None:
     overrides = ["decoder=[mulo_sd]", "model=random", "sampling.temperature=1.0", "sampling.top_k=20",
                  "sampling.cfg_scale=2.0", "decoder.mulo_sd.accept.tau=0.05", "decoder.mulo_sd.accept.k=4"]
     if variant != "default":
-        overrides += ["decoder.mulo_sd.resampler.context=masked", "decoder.mulo_sd.resampler.kv=stale",
+        overrides += ["decoder.mulo_sd.resampler.context=visible", "decoder.mulo_sd.resampler.kv=stale",
                       "decoder.mulo_sd.draft.schedule=serial", "decoder.mulo_sd.draft.rows=1"]
     decoder = _build(compose_cfg(overrides).decoder.mulo_sd)
     models = guided(bundle, decoder.sampling)
@@ -322,6 +322,44 @@ def test_mulo_stats_split_forwards_by_role(bundle: ModelBundle) -> None:
         assert s.resampled == extra["resample_set"] >= s.rejection_map.sum() > 0
         assert extra["islands"] >= 1 and extra["island_size_max"] >= 1
         assert s.drafter_forwards > 0
+
+
+@pytest.mark.parametrize("rows", [None, 1])
+def test_verification_feeds_no_input_past_the_image(bundle: ModelBundle, rows: int | None) -> None:
+    """A whole-image block (L = N, refeed = L) is verified by one forward of at most N inputs, not
+    refeed + L = 2N; the images are those of an uncut verification (checked against a decoder
+    whose verification width is the fixed refeed + L)."""
+    models = guided(bundle, SAMPLED)
+    widths: list[int] = []
+    forward = models.target.forward
+
+    def spy(tokens, positions, mask=None):  # type: ignore[no-untyped-def]
+        widths.append(tokens.shape[1])
+        return forward(tokens, positions, mask)
+
+    decoder = _mulo(SAMPLED, PooledThresholdRule(k=4, tau=0.05), rows=rows)
+    models.target.forward = spy  # type: ignore[method-assign]
+    try:
+        out = decoder.generate(models, models.condition(PROMPTS), [1, 2, 3])
+    finally:
+        del models.target.forward
+    assert max(widths) <= 64
+    if rows is None:
+        assert widths[0] == 64, "the first verification feeds positions 0 .. 63"
+    uncut = _mulo(SAMPLED, PooledThresholdRule(k=4, tau=0.05), rows=rows)
+    uncut._verify = _fixed_width_verify.__get__(uncut)  # type: ignore[method-assign]
+    assert torch.equal(uncut.generate(models, models.condition(PROMPTS), [1, 2, 3]).tokens, out.tokens)
+
+
+def _fixed_width_verify(self, ctx, canvas, draft, refeed):  # type: ignore[no-untyped-def]
+    """The verification with the fixed width refeed + L (inputs past the image included)."""
+    from harness.sampling import probs
+    length = draft.tokens.shape[1]
+    tokens, positions = canvas.read(canvas.fed, refeed + length)
+    logits = ctx.models.target.forward(tokens, positions)
+    offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)
+    index = (offset[:, None] + torch.arange(length + 1)).clamp(max=logits.shape[1] - 1)
+    return probs(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), ctx.sampling)
 
 
 def test_bad_options_name_the_valid_ones() -> None:
