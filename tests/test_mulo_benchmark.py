@@ -1,0 +1,59 @@
+"""benchmarks/mulo.py --diagnose on a tiny random model: the oracle drafter replays D_r of the
+reference (so at tau = 0 the image is U_r(D_r(reference))), and the diagnosis table's rows."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.mulo import DIAGNOSES, compose_config, decode_with_oracle, diagnose, low_view
+from harness.datasets import shapes
+from harness.run import _build, guided
+from harness.samples import plan
+from tests.single_thread import single_thread  # noqa: F401  (autouse)
+
+TINY = ["model.grid=8", "model.vocab=32", "model.dim=32", "model.n_layer=1", "sampling.cfg_scale=1.5"]
+
+
+@pytest.fixture(scope="module")
+def setting():  # type: ignore[no-untyped-def]
+    cfg = compose_config("random", TINY)
+    bundle = _build(cfg.model, drop=("name", "sampling"))
+    decoder = _build(cfg.decoder.mulo_sd)
+    return cfg, guided(bundle, decoder.sampling)
+
+
+def test_oracle_draft_at_tau_zero_is_the_reference_seen_through_the_down_and_up_samplers(setting) -> None:  # type: ignore[no-untyped-def]
+    cfg, models = setting
+    decoder = _build(compose_config("random", [*TINY, "decoder.mulo_sd.accept.tau=0.0",
+                                               "decoder.mulo_sd.draft.upsampler.kind=nearest"]).decoder.mulo_sd)
+    specs = plan(shapes(3), images_per_prompt=1, global_seed=cfg.seed)
+    reference = torch.randint(0, 32, (3, 64), generator=torch.Generator().manual_seed(0))
+    tokens, stats = decode_with_oracle(decoder, models, specs, reference, batch=2, device=torch.device("cpu"))
+    low = low_view(decoder, models, reference).view(3, 4, 4)
+    blocks = reference.view(3, 4, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(3, 4, 4, 4)
+    assert (low[..., None] == blocks).any(-1).all(), "nearest D_r picks a token of each 2 x 2 block"
+    expected = low.repeat_interleave(2, 1).repeat_interleave(2, 2).flatten(1)
+    assert torch.equal(tokens[:, 1:], expected[:, 1:])
+    assert all(s.accepted == 63 for s in stats)
+
+
+def test_diagnosis_rows(setting, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg, models = setting
+    specs = plan(shapes(4), images_per_prompt=1, global_seed=cfg.seed)
+    evaluator = _build(cfg.evaluator.geneval_shapes)
+    # tau 0.5: a random model's pooled mass over 16 of 32 codes is about 0.5, so about half the
+    # drafts are rejected and the parallel and serial resamplers have work to do
+    rows = diagnose("random", [*TINY, "decoder.mulo_sd.accept.tau=0.5"], models, specs, torch.device("cpu"),
+                    evaluator, 2, tmp_path)
+    by = {r["decoder"]: r for r in rows}
+    assert list(by) == ["raster", *DIAGNOSES]
+    assert by["raster"]["target"] == 64
+    assert all(0.0 <= r["geneval"] <= 1.0 for r in rows)
+    assert by["k=1 tau=1 (resampler alone)"]["accept"] < by["drafter"]["accept"]
+    for label in ("drafter", "oracle draft", "k=1 tau=1 (resampler alone)"):
+        assert by[f"serial: {label.split(' (')[0]}"]["target"] > by[label]["target"], label
+    assert by["serial: k=1 tau=1"]["target"] >= 60, "nearly every position resampled one per forward"
+    assert all(math.isnan(r["speedup"]) for r in rows), "the table is untimed"
