@@ -43,6 +43,26 @@ def test_schedule_decodes_every_position_once_in_zipar_order(rows: int, cols: in
     assert sorted(fed_real) == list(range(rows * cols - 1))
 
 
+@pytest.mark.parametrize("stand_in,back", [("reference", 2), ("above", 1)])
+def test_stand_ins_are_the_newest_token_of_the_chosen_row(stand_in: str, back: int) -> None:
+    """Row r's first token is predicted from slot (r-1, cols-1) before that is decoded; the token
+    fed there is the newest decoded token of row r-back (row 0 for r = 1)."""
+    rows, cols, window = 5, 6, 2
+    steps = zipar_schedule(rows, cols, window, stand_in)
+    seen = 0
+    for t, step in enumerate(steps, start=1):
+        for slot, src in zip(step.slots.tolist(), step.sources.tolist()):
+            if slot == src:
+                continue
+            r = slot // cols + 1  # the row whose first token this slot predicts
+            row = max(r - back, 0)
+            assert src == row * cols + min(t - 1 - row * window, cols - 1), (t, slot, src)
+            seen += 1
+    assert seen == rows - 1, "one stand-in per row after the first"
+    with pytest.raises(ValueError, match="reference"):
+        ZipARDecoder(SamplingParams(), window=2, stand_in="left")
+
+
 @pytest.mark.parametrize("mask", ["written", "causal"])
 def test_window_equal_to_cols_is_raster_decoding(mask: str) -> None:
     bundle = build(grid=4, vocab=32, dim=32)
