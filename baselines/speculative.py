@@ -114,13 +114,14 @@ class SpeculativeDecoder:
         self._record(rec, active, start, draft, res, extra)
 
     def _verify(self, ctx: Context, canvas: Canvas, draft: Draft, refeed: int) -> Tensor:
-        """One target forward over canvas[fed .. frontier + L - 1] (width refeed + L, cut at the
-        image's end for the batch) -> p [B, L+1, V] for positions frontier .. frontier + L.
+        """One target forward over canvas[fed .. frontier + L - 1] (width min(refeed + L, N), fixed)
+        -> p [B, L+1, V] for positions frontier .. frontier + L.
 
-        Inputs at or past the last position N - 1 predict nothing that exists, so the width stops
-        at N - min(fed): a whole-image block (MuLo-SD, L = N, refeed = N) feeds N tokens, not 2N."""
+        Inputs at or past the last position N - 1 predict nothing that exists, and a window starts
+        at fed >= 0, so N inputs always reach the end: a whole-image block (MuLo-SD, L = N,
+        refeed = N) feeds N tokens, not 2N, and the width stays known without a host sync."""
         length = draft.tokens.shape[1]
-        width = max(min(refeed + length, ctx.n_tokens - int(canvas.fed.min())), 1)
+        width = min(refeed + length, ctx.n_tokens)
         tokens, positions = canvas.read(canvas.fed, width)
         logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
         offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b

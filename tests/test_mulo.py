@@ -23,6 +23,7 @@ from harness.datasets import shapes
 from harness.models.random_init import build
 from harness.run import _build, guided, run
 from harness.samples import plan
+from harness.sampling import probs
 from tests.conftest import CONF, compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -328,7 +329,7 @@ def test_mulo_stats_split_forwards_by_role(bundle: ModelBundle) -> None:
 def test_verification_feeds_no_input_past_the_image(bundle: ModelBundle, rows: int | None) -> None:
     """A whole-image block (L = N, refeed = L) is verified by one forward of at most N inputs, not
     refeed + L = 2N; the images are those of an uncut verification (checked against a decoder
-    whose verification width is the fixed refeed + L)."""
+    whose verification width is refeed + L)."""
     models = guided(bundle, SAMPLED)
     widths: list[int] = []
     forward = models.target.forward
@@ -353,7 +354,6 @@ def test_verification_feeds_no_input_past_the_image(bundle: ModelBundle, rows: i
 
 def _fixed_width_verify(self, ctx, canvas, draft, refeed):  # type: ignore[no-untyped-def]
     """The verification with the fixed width refeed + L (inputs past the image included)."""
-    from harness.sampling import probs
     length = draft.tokens.shape[1]
     tokens, positions = canvas.read(canvas.fed, refeed + length)
     logits = ctx.models.target.forward(tokens, positions)

@@ -32,7 +32,6 @@ class ReplayModel:
         self.grid = tuple(model.grid)
         self.vocab_size = int(model.vocab_size)
         self.reference: Tensor | None = None
-        self._batch = 0
         if reference is not None:
             self.replay(reference)
 
@@ -69,7 +68,6 @@ class ReplayModel:
             have = None if self.reference is None else self.reference.shape[0]
             raise ValueError(f"ReplayModel: a batch of {batch_size} needs a reference of {batch_size} rows "
                              f"(replay(tokens) before decoding), has {have}")
-        self._batch = batch_size
 
     def _one_hot(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> logits [B, T, V]: 0 on the token, OFF elsewhere."""

@@ -60,9 +60,9 @@ def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
 def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
           cond_dropout: float, tags: tuple[str, ...] = TAGS,
           captions: str = "words", named_order: bool = False) -> tuple[TextCondition, torch.Tensor]:
-    """The training batch of `step`: (condition [B], tokens [B, (size/4)^2]), a function of
-    (seed, step, tags) only; captions are drawn from `tags` and encoded as `captions`; with
-    `named_order` two-object scenes follow the caption's order (scenes.scene_for_caption)."""
+    """The training batch of `step`: (condition [B], tokens [B, (size/4)^2]), a function of its
+    arguments only; captions are drawn from `tags` and encoded as `captions`; with `named_order`
+    two-object scenes follow the caption's order (scenes.scene_for_caption)."""
     rng = np.random.default_rng([seed, step])
     scenes = [sample_scene(rng, tags, named_order) for _ in range(batch_size)]
     images = torch.from_numpy(np.stack([render(s, size) for s in scenes])).permute(0, 3, 1, 2)
