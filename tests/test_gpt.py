@@ -171,3 +171,29 @@ def test_caption_slots_are_chosen_by_content_only_with_unrotated_pairs(fraction:
 def test_word_pos_needs_word_ids() -> None:
     with pytest.raises(ValueError, match="word_pos needs word-id captions"):
         GPTConfig(vocab_size=32, grid=(4, 4), word_vocab=0, word_pos=True)
+
+
+@torch.inference_mode()
+def test_hidden_tokens_in_training_equal_a_masked_cached_forward() -> None:
+    """forward_train's `hidden` [B, N, N] (token j hidden from the prediction of token i) gives
+    the logits of a cached forward whose mask hides slot j from the query on slot i - 1; an
+    all-False `hidden` changes nothing."""
+    gpt, cond, toks = _gpt(), _cond(2), _tokens(2)
+    full = gpt.forward_train(cond, toks)
+    none = torch.zeros(2, 16, 16, dtype=torch.bool)
+    torch.testing.assert_close(gpt.forward_train(cond, toks, hidden=none), full, atol=1e-6, rtol=0)
+    hidden = none.clone()
+    hidden[0, 9, [2, 3, 6]] = True
+    hidden[1, 14, [0, 12]] = True
+    gapped = gpt.forward_train(cond, toks, hidden=hidden)
+    changed = (gapped - full).abs().amax(-1) > 1e-5  # [B, N]; later layers carry a gap onwards
+    assert changed.int().argmax(-1).tolist() == [9, 14] and changed[0, 9:].all() and changed[1, 14:].all()
+    gpt.setup_cache(2)
+    gpt.prefill(cond)
+    pos = torch.arange(15).expand(2, -1)
+    mask = causal_mask(pos, gpt.cfg.prefix_len, gpt.slots).clone()
+    mask[:, :, gpt.cfg.prefix_len:gpt.cfg.prefix_len + 15] &= ~hidden[:, 1:, :15]
+    cached = gpt.forward_cached(toks[:, :15], pos, mask)
+    torch.testing.assert_close(cached, gapped[:, 1:], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="hidden must have shape"):
+        gpt.forward_train(cond, toks, hidden=none[:, :8])

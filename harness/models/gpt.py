@@ -345,18 +345,30 @@ class GPT(nn.Module):
         return self.output(self.norm(h)).float()
 
     # ---------------------------------------------------------------- training
-    def forward_train(self, cond: TextCondition, tokens: Tensor,
-                      prefix_mask: Tensor | None = None) -> Tensor:
+    def forward_train(self, cond: TextCondition, tokens: Tensor, prefix_mask: Tensor | None = None,
+                      hidden: Tensor | None = None) -> Tensor:
         """Teacher forcing. tokens [B, N] -> logits [B, N, V] where logits[:, i] predicts tokens[:, i].
-        prefix_mask [B, P] bool (True = real caption token) or None."""
-        b = tokens.shape[0]
+        prefix_mask [B, P] bool (True = real caption token) or None; hidden [B, N, N] bool or None:
+        hidden[b, i, j] hides token j from the prediction of token i (on top of the causal mask;
+        harness/shapes/parallel_masks.py)."""
+        b, n = tokens.shape
         feats = self._condition_features(cond)
         x = torch.cat([self._prefix(feats), self._embed_tokens(tokens[:, :-1], self._broadcast(feats))], dim=1)
         slots = torch.arange(x.shape[1], device=x.device).expand(b, -1)
         mask = None
+        if prefix_mask is not None or hidden is not None:
+            mask = slots[:, :, None] >= torch.arange(x.shape[1], device=x.device)  # [B, T, T]
+        if hidden is not None:
+            if hidden.shape != (b, n, n):
+                raise ValueError(f"hidden must have shape {(b, n, n)}, got {tuple(hidden.shape)}")
+            p = self.cfg.prefix_len
+            # the query predicting token i sits on slot p - 1 + i; token j sits on slot p + j
+            mask = mask.clone()
+            mask[:, p - 1:, p:] &= ~hidden[:, :, :n - 1].to(x.device)
         if prefix_mask is not None:
-            causal = slots[:, :, None] >= torch.arange(x.shape[1], device=x.device)
-            mask = self._mask_prefix(causal, slots, prefix_mask.to(x.device)).unsqueeze(1)
+            mask = self._mask_prefix(mask, slots, prefix_mask.to(x.device))
+        if mask is not None:
+            mask = mask.unsqueeze(1)
         h, rope = self._positional(self.tok_dropout(x), slots)
         for layer in self.layers:
             h = layer(h, rope, mask, None)

@@ -1,6 +1,7 @@
 """The seeded training recipe that reproduces the shipped shapes-world weights:
 tokenizer first, then the GPT stages (the half-resolution 8x8 drafter, the small same-resolution
-drafter, the 16x16 target from the drafter and its refinement), then the manifest.
+drafter, the 16x16 target from the drafter, its refinement and two stages that teach it the
+contexts of parallel decoding), then the manifest.
 
     python -m harness.shapes.recipe --out .cache/shapes_recipe            # train (resumes)
     python -m harness.shapes.recipe --out .cache/shapes_recipe --install  # + copy into the package
@@ -9,9 +10,11 @@ Every stage checkpoints and resumes; rerunning the command after an interruption
 where it stopped. Stages already finished (their .safetensors exists) are skipped.
 
 Wall time on 2 CPU cores (from the logs of the shipped run): tokenizer 5 min; drafter 26 min at
-two threads with the small drafter (18 min, one thread) beside it; target 27 min and target_refine
-16.5 min at two threads: about 75 min. Float results depend on the thread count, so a bitwise
-reproduction needs the same split.
+two threads with the small drafter (18 min, one thread) beside it; target 27 min, target_refine
+16.5 min, target_parallel and target_parallel_refine 17 min each at two threads: about 110 min.
+Float results depend on the thread count, so a bitwise reproduction needs the same split; and the
+shipped target_parallel started from the shipped (float16) target_refine, where a rerun starts from
+its float32 weights.
 """
 from __future__ import annotations
 
@@ -54,6 +57,14 @@ GPTS: dict[str, dict[str, Any]] = {
     # A second cosine cycle at half the rate (192 prompts, cfg 1.5: 0.750 -> 0.755).
     "target_refine": dict(role="target", steps=900, batch_size=32, lr=5e-4, dim=256, n_layer=4, n_head=4,
                           seed=3, init_from="target", warmup=20, **CAPTIONS),
+    # Two cycles with the context gaps of parallel decoding on half of each batch
+    # (parallel_masks.py: ZipAR windows 1, 2, 4, 8 over the whole grid or a random rectangle), so
+    # that ZipAR and MuLo-SD's island-parallel resampler meet contexts the target was trained on.
+    "target_parallel": dict(role="target", steps=900, batch_size=32, lr=5e-4, dim=256, n_layer=4, n_head=4,
+                            seed=4, init_from="target_refine", warmup=20, parallel_fraction=0.5, **CAPTIONS),
+    "target_parallel_refine": dict(role="target", steps=900, batch_size=32, lr=3e-4, dim=256, n_layer=4,
+                                   n_head=4, seed=5, init_from="target_parallel", warmup=20,
+                                   parallel_fraction=0.5, **CAPTIONS),
 }
 # Measured (`benchmarks/shapes_world.py --prompts 192 --cfg 1.5`, target raster, GenEval single /
 # two / counting / colors / position / color_attr / overall): target_refine 1.000 / 0.844 / 0.438 / 0.875 / 0.500 / 0.875 /
@@ -65,7 +76,16 @@ GPTS: dict[str, dict[str, Any]] = {
 # a copy of the first (0.526). 600 fine-tuning steps of that previous target with named order
 # (color_attr drawn twice as often) learned no binding (gap 0.09 nats; 0.59), nor with phrase
 # tokens on top (caption tensors afresh; gap 0.27; 0.48).
-SHIPPED = {"target": "target_refine", "drafter": "drafter", "small_drafter": "small_drafter"}
+# Parallel-decoding gaps (GenEval, cfg 1.5; raster on 576 prompts with benchmarks/shapes_world.py,
+# the others on 384 prompts with the benchmark's sampling and seeds):
+#                                  raster  ZipAR w8  MuLo-SD  resampler alone (k=1, tau=1)
+#   target_refine (no gaps)        0.79    0.729     0.477    0.552 (96 prompts)
+#   + 900 steps, gaps on 1/4       0.774   0.763     0.490
+#   target_parallel (1/2)          0.748   -         0.586    0.630
+#   target_parallel_refine (1/2)   0.748   0.773     0.633    0.646
+# The gaps cost raster about 4 points and give MuLo-SD 16 (ZipAR 4); a quarter of each batch is
+# too little to learn them.
+SHIPPED = {"target": "target_parallel_refine", "drafter": "drafter", "small_drafter": "small_drafter"}
 
 
 def _commit() -> str:

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT, GPTConfig
 from harness.shapes.captions import ENCODINGS, TAGS, encoding_of
+from harness.shapes.parallel_masks import sample_hidden
 from harness.shapes.scenes import render, sample_scene
 from harness.shapes.vq import ShapesVQ, load_tokenizer
 
@@ -151,7 +152,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
               init_from: Path | None = None, focus_steps: int = 0,
               focus_tags: tuple[str, ...] = ("colors",), tags: tuple[str, ...] = TAGS,
               cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
-              captions: str = "words", named_order: bool = False, device: str = "cpu") -> dict[str, Any]:
+              captions: str = "words", named_order: bool = False, parallel_fraction: float = 0.0,
+              parallel_windows: tuple[int, ...] = (1, 2, 4, 8), device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
 
     Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from
@@ -176,6 +178,11 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
 
     `named_order`: two-object scenes show their objects in raster order in the order the caption
     names them (scenes.scene_for_caption), so a raster model meets the first-named object first.
+
+    `parallel_fraction`: the fraction of each batch trained with the context gaps of parallel
+    decoding (harness/shapes/parallel_masks.py: a random region, the whole grid half of the time,
+    decoded ZipAR-style with a window from `parallel_windows`); the rest keeps the causal mask.
+    The masks of step s depend only on (seed, s), like its batch.
 
     `device`: where the GPT trains ("cpu", "cuda"); scenes are rendered and tokenised on the CPU,
     so the batches are the same on every device (the floats of the updates are not).
@@ -212,10 +219,12 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
         cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, mix, captions,
                              named_order)
         cond, tokens = cond.to(device), tokens.to(device)
+        hidden = sample_hidden(np.random.default_rng([seed, step, 1]), tokens.shape[0], gpt.cfg.grid,
+                               parallel_fraction, parallel_windows)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-            logits = gpt.forward_train(cond, tokens)
+            logits = gpt.forward_train(cond, tokens, hidden=hidden)
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -230,7 +239,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
                "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos,
-               "rope_fraction": rope_fraction, "captions": captions, "named_order": named_order}
+               "rope_fraction": rope_fraction, "captions": captions, "named_order": named_order,
+               "parallel_fraction": parallel_fraction, "parallel_windows": list(parallel_windows)}
     save_gpt(gpt.eval().cpu(), out_dir / f"{role}.safetensors", metrics)
     log.info("%s done: %s", role, metrics)
     return metrics
@@ -257,6 +267,10 @@ def main() -> None:
     ap.add_argument("--cond-broadcast", action="store_true", help="add the caption to every image token")
     ap.add_argument("--word-pos", action="store_true", help="learned embedding per caption slot")
     ap.add_argument("--named-order", action="store_true", help="two objects appear in the caption's order")
+    ap.add_argument("--parallel-fraction", type=float, default=0.0,
+                    help="fraction of each batch trained with parallel-decoding context gaps")
+    ap.add_argument("--parallel-windows", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="ZipAR windows the parallel-decoding gaps are drawn with")
     ap.add_argument("--rope-fraction", type=float, default=1.0, help="fraction of rotating dimension pairs")
     ap.add_argument("--tags", nargs="+", default=list(TAGS), choices=list(TAGS),
                     help="caption tags to draw from (a tag listed twice is drawn twice as often)")
@@ -268,7 +282,8 @@ def main() -> None:
               n_layer=a.n_layer, n_head=a.n_head, seed=a.seed, device=a.device, captions=a.captions,
               init_from=a.init_from, warmup=a.warmup, focus_steps=a.focus_steps,
               cond_broadcast=a.cond_broadcast, word_pos=a.word_pos, named_order=a.named_order,
-              tags=tuple(a.tags), rope_fraction=a.rope_fraction)
+              tags=tuple(a.tags), rope_fraction=a.rope_fraction, parallel_fraction=a.parallel_fraction,
+              parallel_windows=tuple(a.parallel_windows))
 
 
 if __name__ == "__main__":

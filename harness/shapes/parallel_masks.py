@@ -1,0 +1,72 @@
+"""Training masks that teach a raster GPT the contexts of spatially-local parallel decoding.
+
+ZipAR, and MuLo-SD's island-parallel resampler, decode a region of the grid row by row with a
+lag: the k-th region position of the region's j-th row is drawn at step j * window + k
+(baselines/islands.py). A query then sees every token outside the region and only the region
+tokens of earlier steps; the region tokens of later steps (the right part of the rows above) are
+hidden. A raster-trained GPT never saw such gaps (LPD, Zhang et al. 2025, trains on them). Here a
+fraction of each batch is trained with the gaps of a random region and window, the rest with the
+plain causal mask.
+
+Index convention (GPT.forward_train): the query predicting token i sits on the slot of token
+i - 1, so `hidden[i, j]` hides token j from the prediction of token i. A query always sees its own
+slot (token i - 1): the residual stream carries it whatever the mask says.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def region_steps(region: Tensor, window: int) -> Tensor:
+    """region [R, C] bool -> steps [R * C] int64: (row - first region row) * window + rank of the
+    position among its row's region positions; -1 outside the region."""
+    rows = torch.arange(region.shape[0])[:, None].expand_as(region)
+    top = int(rows[region].min()) if region.any() else 0
+    rank = region.long().cumsum(1) - 1
+    return torch.where(region, (rows - top) * window + rank, -1).flatten()
+
+
+def zipar_hidden(region: Tensor, window: int) -> Tensor:
+    """region [R, C] bool, window >= 1 -> hidden [N, N] bool (N = R * C): token j is hidden from
+    the prediction of token i when both lie in the region, j precedes i in raster order, j is
+    not i - 1, and j is drawn at the same step as i or later."""
+    steps = region_steps(region, window)
+    n = steps.numel()
+    inside = steps >= 0
+    index = torch.arange(n)
+    later = steps[None, :] >= steps[:, None]  # [i, j]: j's step >= i's step
+    before = index[None, :] < index[:, None] - 1
+    return inside[:, None] & inside[None, :] & later & before
+
+
+def random_region(rng: np.random.Generator, grid: tuple[int, int], whole: float) -> Tensor:
+    """The whole grid with probability `whole`, else a random rectangle of at least 2 x 2."""
+    rows, cols = grid
+    region = torch.zeros(rows, cols, dtype=torch.bool)
+    if rng.random() < whole:
+        region[:] = True
+        return region
+    h, w = int(rng.integers(2, rows + 1)), int(rng.integers(2, cols + 1))
+    r0, c0 = int(rng.integers(0, rows - h + 1)), int(rng.integers(0, cols - w + 1))
+    region[r0:r0 + h, c0:c0 + w] = True
+    return region
+
+
+def sample_hidden(rng: np.random.Generator, batch: int, grid: tuple[int, int], fraction: float,
+                  windows: Sequence[int], whole: float = 0.5) -> Tensor | None:
+    """hidden [B, N, N] bool for one training batch: each row, with probability `fraction`, gets
+    the gaps of a random region (random_region) decoded with a window drawn from `windows`; the
+    other rows hide nothing. None when no row is masked."""
+    if fraction <= 0:
+        return None
+    n = grid[0] * grid[1]
+    hidden = torch.zeros(batch, n, n, dtype=torch.bool)
+    for b in range(batch):
+        if rng.random() < fraction:
+            window = int(windows[int(rng.integers(len(windows)))])
+            hidden[b] = zipar_hidden(random_region(rng, grid, whole), window)
+    return hidden if hidden.any() else None
