@@ -55,6 +55,10 @@ def test_sampled_masks_are_seeded_and_follow_the_fraction() -> None:
     masked = a.flatten(1).any(-1).float().mean().item()
     assert 0.3 < masked < 0.7
     assert sample_hidden(np.random.default_rng(0), 4, (8, 8), 0.0, (1,)) is None
+    with pytest.raises(ValueError, match="parallel_fraction"):
+        sample_hidden(np.random.default_rng(0), 4, (8, 8), 1.5, (1,))
+    with pytest.raises(ValueError, match="parallel_windows"):
+        sample_hidden(np.random.default_rng(0), 4, (8, 8), 0.5, (0, 2))
     region = random_region(np.random.default_rng(5), (8, 8), whole=0.0)
     r, c = region.nonzero().T
     assert region.sum() == (r.max() - r.min() + 1) * (c.max() - c.min() + 1) >= 4

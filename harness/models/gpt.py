@@ -363,7 +363,6 @@ class GPT(nn.Module):
                 raise ValueError(f"hidden must have shape {(b, n, n)}, got {tuple(hidden.shape)}")
             p = self.cfg.prefix_len
             # the query predicting token i sits on slot p - 1 + i; token j sits on slot p + j
-            mask = mask.clone()
             mask[:, p - 1:, p:] &= ~hidden[:, :, :n - 1].to(x.device)
         if prefix_mask is not None:
             mask = self._mask_prefix(mask, slots, prefix_mask.to(x.device))

@@ -61,7 +61,11 @@ def sample_hidden(rng: np.random.Generator, batch: int, grid: tuple[int, int], f
     """hidden [B, N, N] bool for one training batch: each row, with probability `fraction`, gets
     the gaps of a random region (random_region) decoded with a window drawn from `windows`; the
     other rows hide nothing. None when no row is masked."""
-    if fraction <= 0:
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"parallel_fraction must lie in [0, 1], got {fraction!r}")
+    if not windows or any(int(w) != w or w < 1 for w in windows):
+        raise ValueError(f"parallel_windows must be integers >= 1, got {list(windows)!r}")
+    if fraction == 0:
         return None
     n = grid[0] * grid[1]
     hidden = torch.zeros(batch, n, n, dtype=torch.bool)
