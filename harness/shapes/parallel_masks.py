@@ -8,6 +8,13 @@ hidden. A raster-trained GPT never saw such gaps (LPD, Zhang et al. 2025, trains
 fraction of each batch is trained with the gaps of a random region and window, the rest with the
 plain causal mask.
 
+The step rule is ZipAR's (baselines/zipar.py: on the whole grid the masks hide exactly what it has
+not decoded). The resampler's schedule differs in one place: its island's first position t0 is
+drawn by the verification, so the rest of the island's first row is ranked from 0 and runs one
+step ahead; for the first `window` positions of the island's second row these masks hide one more
+token of the first row than the resampler does (checked on a 3 x 4 island, window 2). The rule
+is restated here rather than imported, since the harness does not depend on baselines/.
+
 Index convention (GPT.forward_train): the query predicting token i sits on the slot of token
 i - 1, so `hidden[i, j]` hides token j from the prediction of token i. A query always sees its own
 slot (token i - 1): the residual stream carries it whatever the mask says.
