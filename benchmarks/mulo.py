@@ -20,7 +20,9 @@ what they run.
 the same decoder with its real drafter; with an oracle drafter that replays D_r(the target's own
 raster sample) (harness/models/replay.py: the draft's layout is the target's); with k = 1,
 tau = 1 (drafts are kept only where the target is certain, so nearly everything is resampled:
-the resampler alone); each with the paper's parallel resampler and with serial resampling.
+the resampler alone); each with the paper's parallel resampler and with serial resampling; and
+the real drafter and the resampler alone with a resampler window of 4 (how the cost of parallel
+resampling and of the kept drafts moves with the window).
 
 Timing needs few images, a 2-point GenEval difference needs many: with `--quality-images N`,
 GenEval and FID are scored on N images (the first `--images` of them are the timed ones) decoded
@@ -204,6 +206,8 @@ DIAGNOSES = {  # label -> (overrides of decoder.mulo_sd, oracle drafter)
     "serial: drafter": (["resampler.schedule=serial"], False),
     "serial: oracle draft": (["resampler.schedule=serial"], True),
     "serial: k=1 tau=1": (["resampler.schedule=serial", "accept.k=1", "accept.tau=1.0"], False),
+    "window 4: drafter": (["resampler.window=4"], False),
+    "window 4: k=1 tau=1": (["resampler.window=4", "accept.k=1", "accept.tau=1.0"], False),
 }
 
 

@@ -56,4 +56,6 @@ def test_diagnosis_rows(setting, tmp_path: Path) -> None:  # type: ignore[no-unt
     for label in ("drafter", "oracle draft", "k=1 tau=1 (resampler alone)"):
         assert by[f"serial: {label.split(' (')[0]}"]["target"] > by[label]["target"], label
     assert by["serial: k=1 tau=1"]["target"] >= 60, "nearly every position resampled one per forward"
+    # a wider resampler window waits longer before each island row starts: more forwards
+    assert by["window 4: k=1 tau=1"]["target"] > by["k=1 tau=1 (resampler alone)"]["target"]
     assert all(math.isnan(r["speedup"]) for r in rows), "the table is untimed"
