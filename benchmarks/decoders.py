@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -74,17 +75,24 @@ def decode_all(decoder: Any, models: ModelBundle, specs: Sequence[SampleSpec], b
     return spent, torch.cat(tokens), stats
 
 
-def geneval_score(evaluator: Any, models: ModelBundle, specs: Sequence[SampleSpec], tokens: torch.Tensor,
-                  stats: Sequence[DecodeStats], folder: Path) -> float:
-    """Write the images into a SampleSet and score them with GenEval (overall accuracy)."""
+def geneval_verdicts(evaluator: Any, models: ModelBundle, specs: Sequence[SampleSpec], tokens: torch.Tensor,
+                     stats: Sequence[DecodeStats], folder: Path) -> tuple[float, pd.DataFrame | None]:
+    """Write the images into a SampleSet and score them with GenEval: (overall accuracy, the
+    per-image verdicts with sample_id / tag / correct, for paired comparisons)."""
     sample_set = SampleSet(folder)
     sample_set.ensure_writable()
     images = models.target.decode(tokens.to(models.target.device)).permute(0, 2, 3, 1).cpu().numpy()
     for spec, image, st in zip(specs, images, stats):
         sample_set.write(spec, image, {"batch_id": "0", "batch_latency_s": 0.0, **st.as_row()})
-    summary = evaluator.evaluate(sample_set).summary
-    row = summary[(summary.metric == "geneval") & (summary.subset == "all")]
-    return float(row.value.iloc[0]) if len(row) else float("nan")
+    result = evaluator.evaluate(sample_set)
+    row = result.summary[(result.summary.metric == "geneval") & (result.summary.subset == "all")]
+    return (float(row.value.iloc[0]) if len(row) else float("nan")), result.per_sample
+
+
+def geneval_score(evaluator: Any, models: ModelBundle, specs: Sequence[SampleSpec], tokens: torch.Tensor,
+                  stats: Sequence[DecodeStats], folder: Path) -> float:
+    """GenEval overall accuracy of the images (geneval_verdicts without the verdicts)."""
+    return geneval_verdicts(evaluator, models, specs, tokens, stats, folder)[0]
 
 
 def per_image(stats: Sequence[DecodeStats]) -> dict[str, float]:

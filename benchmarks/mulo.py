@@ -27,6 +27,9 @@ resampling and of the kept drafts moves with the window).
 Timing needs few images, a 2-point GenEval difference needs many: with `--quality-images N`,
 GenEval and FID are scored on N images (the first `--images` of them are the timed ones) decoded
 untimed at batch `--quality-batch`; forwards and acceptance stay those of the timed batch-1 run.
+Every table gives each row's GenEval gap to raster on the same images (`gap`) with its paired
+standard error (`gap_se`; evaluators/geneval_rules.paired_difference), which says how far a
+gap such as the 2-point goal can be read from the number of quality images used.
 """
 from __future__ import annotations
 
@@ -42,8 +45,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.decoders import RANDOM_LIKE_SHAPES, decode_all, geneval_score  # noqa: E402
+from benchmarks.decoders import RANDOM_LIKE_SHAPES, decode_all, geneval_verdicts  # noqa: E402
 from baselines.canvas import Context  # noqa: E402
+from evaluators.geneval_rules import paired_difference  # noqa: E402
 from harness.api import DecodeStats, ModelBundle  # noqa: E402
 from harness.datasets import shapes  # noqa: E402
 from harness.models.replay import ReplayModel  # noqa: E402
@@ -135,12 +139,32 @@ def measure(decoders: dict[str, Any], models: ModelBundle, specs: Sequence[Sampl
     for name in decoders:
         tokens, stats = outputs[name]
         q_tokens, q_stats = quality_sample(decoders[name], models, scored, tokens, stats, quality_batch, device)
+        geneval, verdicts = geneval_verdicts(evaluators["geneval"], models, scored, q_tokens, q_stats,
+                                             tmp / f"g_{name}")
         row = {"decoder": name, **summarise(stats), "s_img": statistics.median(times[name]) / len(specs),
-               "speedup": base / statistics.median(times[name]),
-               "geneval": geneval_score(evaluators["geneval"], models, scored, q_tokens, q_stats, tmp / f"g_{name}"),
+               "speedup": base / statistics.median(times[name]), "geneval": geneval, "_verdicts": verdicts,
                "fid": fid_score(evaluators["fid"], models, scored, q_tokens, tmp / f"f_{name}") if fid else float("nan")}
         rows.append(row)
-        log.info("%s: %s", name, {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+        log.info("%s: %s", name, _printable(row))
+    return with_gaps(rows)
+
+
+def _printable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items() if not k.startswith("_")}
+
+
+def with_gaps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add `gap` (GenEval minus raster's, on the same images) and `gap_se` (its paired standard
+    error, evaluators/geneval_rules.paired_difference) to every row; one row must be raster."""
+    raster = [row for row in rows if row["decoder"] == "raster"]
+    if not raster:
+        raise ValueError("with_gaps needs a raster row")
+    reference = raster[0]["_verdicts"]
+    for row in rows:
+        if reference is None or row["_verdicts"] is None:
+            row["gap"], row["gap_se"] = float("nan"), float("nan")
+        else:
+            row["gap"], row["gap_se"] = paired_difference(row["_verdicts"], reference)
     return rows
 
 
@@ -148,7 +172,8 @@ def table(title: str, rows: Sequence[dict[str, Any]]) -> str:
     cols = [("decoder", "<26", "s"), ("target", ">7", ".1f"), ("drafter", ">7", ".1f"), ("verify", ">6", ".1f"),
             ("resample", ">8", ".1f"), ("compression", ">11", ".2f"), ("s_img", ">7", ".3f"),
             ("speedup", ">7", ".2f"), ("accept", ">6", ".2f"), ("islands_per_step", ">7", ".2f"),
-            ("island_size", ">7", ".1f"), ("geneval", ">7", ".3f"), ("fid", ">7", ".1f")]
+            ("island_size", ">7", ".1f"), ("geneval", ">7", ".3f"), ("gap", ">7", "+.3f"),
+            ("gap_se", ">6", ".3f"), ("fid", ">7", ".1f")]
     head = " ".join(f"{(c if c != 'islands_per_step' else 'isl/stp')[:int(w[1:])]:{w}}" for c, w, _ in cols)
     lines = [title, head]
     for r in rows:
@@ -227,12 +252,12 @@ def diagnose(model: str, overrides: Sequence[str], models: ModelBundle, specs: S
             outputs[label] = decode_all(decoder, models, specs, batch, device)[1:]
     rows = []
     for i, (label, (tokens, stats)) in enumerate(outputs.items()):
+        geneval, verdicts = geneval_verdicts(evaluator, models, specs, tokens, stats, tmp / f"d{i}")
         row = {"decoder": label, **summarise(stats), "s_img": float("nan"), "speedup": float("nan"),
-               "geneval": geneval_score(evaluator, models, specs, tokens, stats, tmp / f"d{i}"),
-               "fid": float("nan")}
+               "geneval": geneval, "_verdicts": verdicts, "fid": float("nan")}
         rows.append(row)
-        log.info("%s: %s", label, {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    return rows
+        log.info("%s: %s", label, _printable(row))
+    return with_gaps(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

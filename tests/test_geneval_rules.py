@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluators.geneval_rules import Detection, GenEvalRules, box_iou, summarize, tag_accuracies
+from evaluators.geneval_rules import (Detection, GenEvalRules, box_iou, paired_difference, summarize,
+                                       tag_accuracies)
 
 RULES = GenEvalRules()
 
@@ -214,3 +215,48 @@ def test_masks_pass_through() -> None:
     mask = np.zeros((8, 8), dtype=bool)
     d = Detection(cls="circle", box=(0, 0, 4, 4), score=0.5, mask=mask, color="red")
     assert RULES.select([d], "single_object")["circle"][0].mask is mask
+
+
+def _frame(tags: list[str], correct: list[int], ids: list[str] | None = None) -> pd.DataFrame:
+    ids = ids or [f"s{i}" for i in range(len(tags))]
+    return pd.DataFrame({"sample_id": ids, "tag": tags, "correct": [bool(c) for c in correct]})
+
+
+def _overall(frame: pd.DataFrame) -> float:
+    s = summarize(frame, prompt_column=None)
+    return float(s[(s.metric == "geneval") & (s.subset == "all")].value.iloc[0])
+
+
+def test_paired_difference_is_the_difference_of_the_overall_scores() -> None:
+    tags = ["counting"] * 4 + ["position"] * 3
+    a = _frame(tags, [1, 1, 0, 0, 1, 1, 1])
+    b = _frame(tags, [0, 1, 0, 1, 0, 0, 1])
+    gap, se = paired_difference(a, b)
+    assert gap == pytest.approx(_overall(a) - _overall(b))
+    # by hand: counting d = (1, 0, 0, -1): var 2/3, / 4 = 1/6; position d = (1, 1, 0): var 1/3, / 3 = 1/9
+    assert se == pytest.approx(math.sqrt(1 / 6 + 1 / 9) / 2)
+    assert paired_difference(b, a) == pytest.approx((-gap, se))
+
+
+def test_paired_difference_matches_samples_by_id_and_keeps_the_pairing() -> None:
+    tags = ["colors"] * 6
+    a = _frame(tags, [1, 1, 1, 0, 0, 1])
+    # the same samples in reverse order
+    b = _frame(tags[::-1], [1, 0, 0, 1, 1, 1], ids=[f"s{i}" for i in range(6)][::-1])
+    gap, se = paired_difference(a, b)
+    assert gap == pytest.approx(0.0) and se == pytest.approx(0.0), "identical verdicts once matched by id"
+    # one changed verdict: d = (0, 0, 0, 0, 0, 1), var 1/6, / 6; below the unpaired error
+    c = _frame(tags, [1, 1, 1, 0, 0, 0])
+    gap, se = paired_difference(a, c)
+    unpaired = math.sqrt((4 / 6) * (2 / 6) / 5 + (3 / 6) * (3 / 6) / 5)
+    assert gap == pytest.approx(1 / 6) and se == pytest.approx(1 / 6) and se < unpaired
+
+
+def test_paired_difference_refuses_different_samples() -> None:
+    a = _frame(["colors", "colors"], [1, 0])
+    with pytest.raises(ValueError, match="same samples"):
+        paired_difference(a, _frame(["colors", "colors"], [1, 0], ids=["s0", "x"]))
+    with pytest.raises(ValueError, match="different tags"):
+        paired_difference(a, _frame(["colors", "position"], [1, 0]))
+    with pytest.raises(ValueError, match="repeated"):
+        paired_difference(a, _frame(["colors", "colors"], [1, 0], ids=["s0", "s0"]))

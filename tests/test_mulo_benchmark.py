@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.mulo import DIAGNOSES, compose_config, decode_with_oracle, diagnose, low_view
+from benchmarks.mulo import DIAGNOSES, compose_config, decode_with_oracle, diagnose, low_view, with_gaps
 from harness.datasets import shapes
 from harness.run import _build, guided
 from harness.samples import plan
@@ -52,6 +52,11 @@ def test_diagnosis_rows(setting, tmp_path: Path) -> None:  # type: ignore[no-unt
     assert list(by) == ["raster", *DIAGNOSES]
     assert by["raster"]["target"] == 64
     assert all(0.0 <= r["geneval"] <= 1.0 for r in rows)
+    # gaps to raster on the same images, paired by sample
+    assert by["raster"]["gap"] == 0.0 and by["raster"]["gap_se"] == 0.0
+    for r in rows:
+        assert r["gap"] == pytest.approx(r["geneval"] - by["raster"]["geneval"]), r["decoder"]
+        assert r["gap_se"] >= 0.0
     assert by["k=1 tau=1 (resampler alone)"]["accept"] < by["drafter"]["accept"]
     for label in ("drafter", "oracle draft", "k=1 tau=1 (resampler alone)"):
         assert by[f"serial: {label.split(' (')[0]}"]["target"] > by[label]["target"], label
@@ -59,3 +64,8 @@ def test_diagnosis_rows(setting, tmp_path: Path) -> None:  # type: ignore[no-unt
     # a wider resampler window waits longer before each island row starts: more forwards
     assert by["window 4: k=1 tau=1"]["target"] > by["k=1 tau=1 (resampler alone)"]["target"]
     assert all(math.isnan(r["speedup"]) for r in rows), "the table is untimed"
+
+
+def test_gaps_need_a_raster_row() -> None:
+    with pytest.raises(ValueError, match="raster row"):
+        with_gaps([{"decoder": "mulo_sd", "_verdicts": None}])
