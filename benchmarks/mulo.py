@@ -176,8 +176,8 @@ def table(title: str, rows: Sequence[dict[str, Any]]) -> str:
             ("gap_se", ">6", ".3f"), ("fid", ">7", ".1f")]
     head = " ".join(f"{(c if c != 'islands_per_step' else 'isl/stp')[:int(w[1:])]:{w}}" for c, w, _ in cols)
     lines = [title, head]
-    for r in rows:
-        lines.append(" ".join(f"{r[c]:{w}{f if f != 's' else ''}}" for c, w, f in cols))
+    for r in rows:  # format the value, then align the text (a sign option is not valid for text)
+        lines.append(" ".join(f"{format(r[c], f if f != 's' else ''):{w}}" for c, w, f in cols))
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.mulo import DIAGNOSES, compose_config, decode_with_oracle, diagnose, low_view, with_gaps
+from benchmarks.mulo import (DIAGNOSES, compose_config, decode_with_oracle, diagnose, low_view, table,
+                             with_gaps)
 from harness.datasets import shapes
 from harness.run import _build, guided
 from harness.samples import plan
@@ -57,6 +58,9 @@ def test_diagnosis_rows(setting, tmp_path: Path) -> None:  # type: ignore[no-unt
     for r in rows:
         assert r["gap"] == pytest.approx(r["geneval"] - by["raster"]["geneval"]), r["decoder"]
         assert r["gap_se"] >= 0.0
+    printed = table("diagnose", rows).splitlines()
+    assert len(printed) == 2 + len(rows) and printed[1].split()[-3:] == ["gap", "gap_se", "fid"]
+    assert printed[2].split()[0] == "raster" and "+0.000" in printed[2]
     assert by["k=1 tau=1 (resampler alone)"]["accept"] < by["drafter"]["accept"]
     for label in ("drafter", "oracle draft", "k=1 tau=1 (resampler alone)"):
         assert by[f"serial: {label.split(' (')[0]}"]["target"] > by[label]["target"], label
