@@ -12,6 +12,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from evaluators.geneval_rules import paired_difference
 from harness import provenance, results
 from harness.api import Decoder, Evaluator, ModelBundle, SamplingParams
 from harness.datasets import select
@@ -78,6 +79,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
                               {"seed": cfg.seed, "prompts": len(prompts), "samples": len(specs)})
     bundle: ModelBundle | None = None
     frames = []
+    verdicts: dict[tuple[str, str], pd.DataFrame] = {}  # (decoder, evaluator) -> per-image verdicts
     for name, dec_cfg in _decoders(cfg).items():
         sample_set = SampleSet(samples_root / name)
         if "generate" in cfg.stages:
@@ -91,10 +93,11 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         if "evaluate" in cfg.stages:
             sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
-            frames.append(_evaluate(cfg, name, sample_set, out_dir))
+            frames.append(_evaluate(cfg, name, sample_set, out_dir, verdicts))
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if not summary.empty:
         summary = _with_speedup(summary)
+        summary = _with_geneval_gap(summary, verdicts)
         write_atomic(out_dir / "summary.csv", summary.to_csv(index=False).encode())
         log.info("results in %s\n%s", out_dir, results.format_table(summary))
     return summary
@@ -130,7 +133,10 @@ def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
     return cols
 
 
-def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, out_dir: Path) -> pd.DataFrame:
+def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, out_dir: Path,
+              verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """Summary rows of every evaluator on one decoder's samples; per-image results are written to
+    per_sample/<decoder>/<evaluator>.csv and kept in `verdicts`."""
     frames = []
     for ev in _evaluators(cfg):
         res = ev.evaluate(sample_set)
@@ -144,6 +150,7 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, out_dir: Pat
             path = out_dir / "per_sample" / decoder / f"{ev.name}.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, res.per_sample.to_csv(index=False).encode())
+            verdicts[(decoder, ev.name)] = res.per_sample
     return pd.concat(frames, ignore_index=True)
 
 
@@ -161,3 +168,19 @@ def _with_speedup(summary: pd.DataFrame) -> pd.DataFrame:
     rows["stderr"] = float("nan")
     rows["higher_is_better"] = True
     return pd.concat([summary, rows], ignore_index=True)
+
+
+def _with_geneval_gap(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """Add `geneval_gap_vs_raster` (GenEval overall minus raster's on the same images, `stderr` the
+    paired standard error; evaluators/geneval_rules.paired_difference) for every decoder scored by
+    a GenEval-style evaluator (per-image `tag` and `correct`) when raster is in the same job."""
+    overall = summary[(summary.metric == "geneval") & (summary.subset == "all")]
+    rows = []
+    for _, row in overall.iterrows():
+        mine, reference = verdicts.get((row.decoder, row.evaluator)), verdicts.get(("raster", row.evaluator))
+        if mine is None or reference is None or not {"tag", "correct"} <= set(reference.columns):
+            continue
+        gap, stderr = paired_difference(mine, reference)
+        rows.append({**row.to_dict(), "metric": "geneval_gap_vs_raster", "value": gap, "stderr": stderr,
+                     "higher_is_better": True})
+    return pd.concat([summary, pd.DataFrame(rows)], ignore_index=True) if rows else summary

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tests.conftest import ROOT
 
@@ -71,6 +72,11 @@ def test_local_shard_sweep_shares_one_sample_set_and_matches_unsharded_run(tmp_p
     assert len(single) == 12 and merged == single  # 6 prompts x 2 decoders, byte-identical
     pd.testing.assert_frame_equal(non_timing(sweep / "evaluate" / "summary.csv"),
                                   non_timing(ref / "summary.csv"))
+    summary = pd.read_csv(sweep / "evaluate" / "summary.csv")
+    gaps = summary[summary.metric == "geneval_gap_vs_raster"].set_index("decoder")
+    overall = summary[(summary.metric == "geneval") & (summary.subset == "all")].set_index("decoder")
+    assert sorted(gaps.index) == ["raster", "sjd"] and gaps.loc["raster", "value"] == 0.0
+    assert gaps.loc["sjd", "value"] == pytest.approx(overall.loc["sjd", "value"] - overall.loc["raster", "value"])
 
 
 def test_evaluate_refuses_until_every_shard_is_complete(tmp_path: Path) -> None:
