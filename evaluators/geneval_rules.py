@@ -226,6 +226,8 @@ def paired_difference(a: pd.DataFrame, b: pd.DataFrame, key: str = "sample_id") 
             raise ValueError(f"paired_difference: frame {name} lacks columns {missing}")
         if frame[key].duplicated().any():
             raise ValueError(f"paired_difference: frame {name} has repeated {key} values")
+        if frame.empty:
+            raise ValueError(f"paired_difference: frame {name} has no samples")
     joined = a[[key, "tag", "correct"]].merge(b[[key, "tag", "correct"]], on=key, how="outer",
                                               suffixes=("_a", "_b"), indicator=True)
     unmatched = joined[joined["_merge"] != "both"]
@@ -235,8 +237,6 @@ def paired_difference(a: pd.DataFrame, b: pd.DataFrame, key: str = "sample_id") 
                          "on one prompt set")
     if (joined["tag_a"] != joined["tag_b"]).any():
         raise ValueError("paired_difference: a sample has different tags in the two frames")
-    if joined.empty:
-        raise ValueError("paired_difference got no samples")
     d = joined["correct_a"].astype(float) - joined["correct_b"].astype(float)
     means, variances = [], []
     for _, diffs in d.groupby(joined["tag_a"], sort=False):

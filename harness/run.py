@@ -172,13 +172,13 @@ def _with_speedup(summary: pd.DataFrame) -> pd.DataFrame:
 
 def _with_geneval_gap(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
     """Add `geneval_gap_vs_raster` (GenEval overall minus raster's on the same images, `stderr` the
-    paired standard error; evaluators/geneval_rules.paired_difference) for every decoder scored by
-    a GenEval-style evaluator (per-image `tag` and `correct`) when raster is in the same job."""
+    paired standard error; evaluators/geneval_rules.paired_difference) for every decoder whose
+    `geneval` score has per-image verdicts, when raster is in the same job."""
     overall = summary[(summary.metric == "geneval") & (summary.subset == "all")]
     rows = []
     for _, row in overall.iterrows():
         mine, reference = verdicts.get((row.decoder, row.evaluator)), verdicts.get(("raster", row.evaluator))
-        if mine is None or reference is None or not {"tag", "correct"} <= set(reference.columns):
+        if mine is None or reference is None:
             continue
         gap, stderr = paired_difference(mine, reference)
         rows.append({**row.to_dict(), "metric": "geneval_gap_vs_raster", "value": gap, "stderr": stderr,

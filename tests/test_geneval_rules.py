@@ -258,5 +258,7 @@ def test_paired_difference_refuses_different_samples() -> None:
         paired_difference(a, _frame(["colors", "colors"], [1, 0], ids=["s0", "x"]))
     with pytest.raises(ValueError, match="different tags"):
         paired_difference(a, _frame(["colors", "position"], [1, 0]))
+    with pytest.raises(ValueError, match="no samples"):
+        paired_difference(a.iloc[:0], a.iloc[:0])
     with pytest.raises(ValueError, match="repeated"):
         paired_difference(a, _frame(["colors", "colors"], [1, 0], ids=["s0", "s0"]))
