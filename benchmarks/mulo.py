@@ -4,6 +4,7 @@ ablations (paper.md §10.2) on the same prompts.
     python benchmarks/mulo.py [--model shapes|random] [--images 16] [--reps 2] [--fid]
                               [--quality-images 96] [--quality-batch 8]
                               [--ablations [--only ablation_upsampling ...]] [--diagnose]
+                              [--frontier]
                               [--device auto]
                               [--threads 1] [hydra overrides ...]
 
@@ -23,6 +24,12 @@ tau = 1 (drafts are kept only where the target is certain, so nearly everything 
 the resampler alone); each with the paper's parallel resampler and with serial resampling; and
 the real drafter and the resampler alone with a resampler window of 4 (how the cost of parallel
 resampling and of the kept drafts moves with the window).
+
+--frontier times MuLo-SD at several operating points beside raster (resampler window 2, 3, 4,
+8, each with the configured acceptance rule and with k = 1, tau = 1, which resamples nearly every
+position after t0) and prints the issue's goal as a verdict: which rows give >= 4x fewer target
+forwards, >= 3x wall-clock and a GenEval gap of at least -0.02; the fastest row within the gap;
+the best gap among rows at >= 3x; and the rows on the speed-up / gap Pareto front.
 
 Timing needs few images, a 2-point GenEval difference needs many: with `--quality-images N`,
 GenEval and FID are scored on N images (the first `--images` of them are the timed ones) decoded
@@ -63,6 +70,8 @@ ABLATIONS = {  # experiment -> decoders to take from it (raster is always measur
     "ablation_open_questions": None,
 }
 POOLING = {"k": (1, 4, 16, 64), "tau": (0.05, 0.1, 0.3)}
+FRONTIER = {"windows": (2, 3, 4, 8), "rules": {"": [], " k=1 tau=1": ["accept.k=1", "accept.tau=1.0"]}}
+GOAL = {"forwards": 4.0, "speedup": 3.0, "gap": -0.02}  # issue 5: vs raster, shapes-GenEval gap
 
 
 def compose_config(model: str, overrides: Sequence[str], experiment: str | None = None) -> Any:
@@ -202,6 +211,49 @@ def ablation_decoders(model: str, overrides: Sequence[str],
     return out
 
 
+def frontier_decoders(model: str, overrides: Sequence[str]) -> dict[str, Any]:
+    """{label: decoder}: raster, then MuLo-SD at every FRONTIER window x acceptance rule."""
+    out: dict[str, Any] = {"raster": _build(compose_config(model, overrides).decoder.raster)}
+    for window in FRONTIER["windows"]:
+        for suffix, rule in FRONTIER["rules"].items():
+            extra = [f"decoder.mulo_sd.resampler.window={window}", *(f"decoder.mulo_sd.{o}" for o in rule)]
+            out[f"window {window}{suffix}"] = _build(compose_config(model, [*overrides, *extra]).decoder.mulo_sd)
+    return out
+
+
+def _meets(row: dict[str, Any], raster: dict[str, Any], goal: dict[str, float]) -> tuple[bool, bool, bool]:
+    """(forward reduction, wall-clock speed-up, GenEval gap) goals met by one row."""
+    reduction = raster["target"] / row["target"] if row["target"] else float("inf")
+    return reduction >= goal["forwards"], row["speedup"] >= goal["speedup"], row["gap"] >= goal["gap"]
+
+
+def _describe(row: dict[str, Any]) -> str:
+    return f"{row['decoder']} ({row['speedup']:.2f}x, gap {row['gap']:+.3f} +- {row['gap_se']:.3f})"
+
+
+def goal_verdict(rows: Sequence[dict[str, Any]], goal: dict[str, float] = GOAL) -> list[str]:
+    """The goal read off timed rows with gaps (one of them raster): lines naming the rows that
+    meet all of it, the fastest row within the gap, the best gap at the speed-up goal and the
+    Pareto front (no other row is both faster and closer to raster)."""
+    raster = next((r for r in rows if r["decoder"] == "raster"), None)
+    if raster is None:
+        raise ValueError("goal_verdict needs a raster row")
+    others = [r for r in rows if r is not raster]
+    met = [r for r in others if all(_meets(r, raster, goal))]
+    within = [r for r in others if _meets(r, raster, goal)[2]]
+    fast = [r for r in others if _meets(r, raster, goal)[1]]
+    front = [r for r in others if not any(o["speedup"] > r["speedup"] and o["gap"] > r["gap"] for o in others)]
+    head = (f"goal (>= {goal['forwards']:g}x fewer target forwards, >= {goal['speedup']:g}x wall-clock, "
+            f"GenEval gap >= {goal['gap']:+.3f})")
+    return [
+        f"{head}: " + ("met by " + ", ".join(_describe(r) for r in met) if met else "not met by any row"),
+        "fastest within the gap: " + (_describe(max(within, key=lambda r: r["speedup"])) if within else "none"),
+        f"best gap at >= {goal['speedup']:g}x: " + (_describe(max(fast, key=lambda r: r["gap"])) if fast else "none"),
+        "Pareto front (speed-up vs gap): " + ", ".join(_describe(r) for r in
+                                                      sorted(front, key=lambda r: -r["speedup"])),
+    ]
+
+
 def low_view(decoder: Any, models: ModelBundle, high: torch.Tensor) -> torch.Tensor:
     """D_r with the decoder's own down-sampler: high-res tokens [B, N] -> low-res [B, n_low]."""
     draft = decoder.draft.bind(models)
@@ -274,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="with --ablations: run only these ablation tables")
     ap.add_argument("--diagnose", action="store_true",
                     help="add the table that splits MuLo-SD's quality loss (oracle drafter, resampler alone)")
+    ap.add_argument("--frontier", action="store_true",
+                    help="time MuLo-SD's resampler windows x acceptance rules and print the goal verdict")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. decoder.mulo_sd.accept.tau=0.2")
@@ -303,11 +357,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
                        quality, a.quality_batch)
         print(table("== main (batch 1)", rows), flush=True)
+        print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd")])[0], flush=True)
         if a.ablations:
             for title, decs in ablation_decoders(a.model, a.overrides, a.only).items():
                 rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,
                                quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)
+        if a.frontier:
+            rows = measure(frontier_decoders(a.model, a.overrides), models, specs, a.reps, device, evaluators,
+                           False, Path(tmp) / "frontier", quality, a.quality_batch)
+            print(table("== frontier (batch 1)", rows), *goal_verdict(rows), sep="\n", flush=True)
         if a.diagnose:
             rows = diagnose(a.model, a.overrides, models, quality or specs, device, evaluators["geneval"],
                             a.quality_batch, Path(tmp) / "diagnose")

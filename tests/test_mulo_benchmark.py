@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.mulo import (DIAGNOSES, compose_config, decode_with_oracle, diagnose, low_view, table,
-                             with_gaps)
+from benchmarks.mulo import (DIAGNOSES, FRONTIER, compose_config, decode_with_oracle, diagnose,
+                             frontier_decoders, goal_verdict, low_view, table, with_gaps)
 from harness.datasets import shapes
 from harness.run import _build, guided
 from harness.samples import plan
@@ -73,3 +73,37 @@ def test_diagnosis_rows(setting, tmp_path: Path) -> None:  # type: ignore[no-unt
 def test_gaps_need_a_raster_row() -> None:
     with pytest.raises(ValueError, match="raster row"):
         with_gaps([{"decoder": "mulo_sd", "_verdicts": None}])
+
+
+def _row(name: str, target: float, speedup: float, gap: float) -> dict[str, object]:
+    return {"decoder": name, "target": target, "speedup": speedup, "gap": gap, "gap_se": 0.01}
+
+
+def test_goal_verdict_names_the_rows_that_meet_each_part() -> None:
+    rows = [_row("raster", 256, 1.0, 0.0), _row("fast", 36, 3.1, -0.11), _row("close", 77, 2.3, -0.01),
+            _row("slow", 130, 1.5, -0.05), _row("both", 60, 3.0, -0.02)]
+    met, fastest, best, front = goal_verdict(rows)
+    assert met.endswith("met by both (3.00x, gap -0.020 +- 0.010)")
+    assert fastest.startswith("fastest within the gap: both")
+    assert best.startswith("best gap at >= 3x: both")
+    # "slow" is beaten on both axes by "close"; "fast" and "both" trade speed against quality
+    assert front == ("Pareto front (speed-up vs gap): fast (3.10x, gap -0.110 +- 0.010), "
+                     "both (3.00x, gap -0.020 +- 0.010), close (2.30x, gap -0.010 +- 0.010)")
+    met, fastest, best, _ = goal_verdict(rows[:4])
+    assert met.endswith("not met by any row")
+    assert fastest.startswith("fastest within the gap: close") and best.startswith("best gap at >= 3x: fast")
+    # 4x fewer forwards is part of the goal: 3x wall-clock and no gap at 70 of 256 forwards is not it
+    assert goal_verdict([rows[0], _row("wide", 70, 3.2, 0.0)])[0].endswith("not met by any row")
+    with pytest.raises(ValueError, match="raster row"):
+        goal_verdict(rows[1:])
+
+
+def test_frontier_decoders_cross_windows_with_rules() -> None:
+    decoders = frontier_decoders("random", TINY)
+    assert list(decoders)[0] == "raster"
+    mulo = {k: v for k, v in decoders.items() if k != "raster"}
+    assert len(mulo) == len(FRONTIER["windows"]) * len(FRONTIER["rules"])
+    for label, decoder in mulo.items():
+        window = int(label.split()[1])
+        assert decoder.resampler.window == window, label
+        assert (decoder.accept.k, decoder.accept.tau) == ((1, 1.0) if "k=1 tau=1" in label else (16, 0.1)), label
