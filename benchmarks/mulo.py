@@ -36,7 +36,11 @@ GenEval and FID are scored on N images (the first `--images` of them are the tim
 untimed at batch `--quality-batch`; forwards and acceptance stay those of the timed batch-1 run.
 Every table gives each row's GenEval gap to raster on the same images (`gap`) with its paired
 standard error (`gap_se`; evaluators/geneval_rules.paired_difference), which says how far a
-gap such as the 2-point goal can be read from the number of quality images used.
+gap such as the 2-point goal can be read from the number of quality images used. The standard
+error does not cover selection: a setting chosen by its score on some images must be scored on
+others. The shipped shapes weights and MuLo-SD's defaults were chosen on the first 384 prompts at
+seed 0, where MuLo-SD's gap reads -0.115; on 1536 prompts it is -0.210 (README). Use
+`--quality-images 1536`, or another global seed (override `seed=1`), for figures of record.
 """
 from __future__ import annotations
 
