@@ -194,6 +194,11 @@ def table(title: str, rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def mulo_variant(model: str, overrides: Sequence[str], extra: Sequence[str]) -> Any:
+    """MuLo-SD as configured, with `extra` overrides relative to decoder.mulo_sd (e.g. "accept.k=1")."""
+    return _build(compose_config(model, [*overrides, *(f"decoder.mulo_sd.{o}" for o in extra)]).decoder.mulo_sd)
+
+
 def ablation_decoders(model: str, overrides: Sequence[str],
                       only: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """{table title: {decoder label: decoder}} composed from the ablation experiment configs
@@ -209,8 +214,7 @@ def ablation_decoders(model: str, overrides: Sequence[str],
     pooling: dict[str, Any] = {"raster": _build(compose_config(model, overrides).decoder.raster)}
     for k in POOLING["k"]:
         for tau in POOLING["tau"]:
-            extra = [f"decoder.mulo_sd.accept.k={k}", f"decoder.mulo_sd.accept.tau={tau}"]
-            pooling[f"mulo k={k} tau={tau}"] = _build(compose_config(model, [*overrides, *extra]).decoder.mulo_sd)
+            pooling[f"mulo k={k} tau={tau}"] = mulo_variant(model, overrides, [f"accept.k={k}", f"accept.tau={tau}"])
     out["ablation_pooling"] = pooling
     return out
 
@@ -220,8 +224,7 @@ def frontier_decoders(model: str, overrides: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"raster": _build(compose_config(model, overrides).decoder.raster)}
     for window in FRONTIER["windows"]:
         for suffix, rule in FRONTIER["rules"].items():
-            extra = [f"decoder.mulo_sd.resampler.window={window}", *(f"decoder.mulo_sd.{o}" for o in rule)]
-            out[f"window {window}{suffix}"] = _build(compose_config(model, [*overrides, *extra]).decoder.mulo_sd)
+            out[f"window {window}{suffix}"] = mulo_variant(model, overrides, [f"resampler.window={window}", *rule])
     return out
 
 
@@ -243,9 +246,10 @@ def goal_verdict(rows: Sequence[dict[str, Any]], goal: dict[str, float] = GOAL) 
     if raster is None:
         raise ValueError("goal_verdict needs a raster row")
     others = [r for r in rows if r is not raster]
-    met = [r for r in others if all(_meets(r, raster, goal))]
-    within = [r for r in others if _meets(r, raster, goal)[2]]
-    fast = [r for r in others if _meets(r, raster, goal)[1]]
+    checks = [(r, _meets(r, raster, goal)) for r in others]  # (forwards, speed-up, gap) per row
+    met = [r for r, ok in checks if all(ok)]
+    fast = [r for r, ok in checks if ok[1]]
+    within = [r for r, ok in checks if ok[2]]
     front = [r for r in others if not any(o["speedup"] > r["speedup"] and o["gap"] > r["gap"] for o in others)]
     head = (f"goal (>= {goal['forwards']:g}x fewer target forwards, >= {goal['speedup']:g}x wall-clock, "
             f"GenEval gap >= {goal['gap']:+.3f})")
@@ -300,8 +304,7 @@ def diagnose(model: str, overrides: Sequence[str], models: ModelBundle, specs: S
     _, reference, raster_stats = decode_all(raster, models, specs, batch, device)
     outputs = {"raster": (reference, raster_stats)}
     for label, (extra, oracle) in DIAGNOSES.items():
-        node = compose_config(model, [*overrides, *(f"decoder.mulo_sd.{o}" for o in extra)]).decoder.mulo_sd
-        decoder = _build(node)
+        decoder = mulo_variant(model, overrides, extra)
         if oracle:
             outputs[label] = decode_with_oracle(decoder, models, specs, reference, batch, device)
         else:

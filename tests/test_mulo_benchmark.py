@@ -100,10 +100,13 @@ def test_goal_verdict_names_the_rows_that_meet_each_part() -> None:
 
 def test_frontier_decoders_cross_windows_with_rules() -> None:
     decoders = frontier_decoders("random", TINY)
+    configured = _build(compose_config("random", TINY).decoder.mulo_sd).accept
+    assert (configured.k, configured.tau) != (1, 1.0), "the two rules must differ"
     assert list(decoders)[0] == "raster"
     mulo = {k: v for k, v in decoders.items() if k != "raster"}
     assert len(mulo) == len(FRONTIER["windows"]) * len(FRONTIER["rules"])
     for label, decoder in mulo.items():
         window = int(label.split()[1])
         assert decoder.resampler.window == window, label
-        assert (decoder.accept.k, decoder.accept.tau) == ((1, 1.0) if "k=1 tau=1" in label else (16, 0.1)), label
+        rule = (1, 1.0) if "k=1 tau=1" in label else (configured.k, configured.tau)
+        assert (decoder.accept.k, decoder.accept.tau) == rule, label
