@@ -40,7 +40,13 @@ gap such as the 2-point goal can be read from the number of quality images used.
 error does not cover selection: a setting chosen by its score on some images must be scored on
 others. The shipped shapes weights and MuLo-SD's defaults were chosen on the first 384 prompts at
 seed 0, where MuLo-SD's gap reads -0.115; on 1536 prompts it is -0.210 (README). Use
-`--quality-images 1536`, or another global seed (override `seed=1`), for figures of record.
+`--quality-images 1536`, or another global seed, for figures of record.
+
+Seeds: the benchmark draws its images at `--seed` (default HELD_OUT_SEED = 2), a global seed on
+which no shipped weight or default was chosen. Seed 0 (the harness's default, the first 384
+prompts) chose the shipped target stage and MuLo-SD's settings; seed 1 checked those choices
+(README). Tune on seed 0 or 1 and keep seed 2 for figures of record: once a setting is chosen by its
+score at seed 2, that seed no longer measures it.
 """
 from __future__ import annotations
 
@@ -76,6 +82,7 @@ ABLATIONS = {  # experiment -> decoders to take from it (raster is always measur
 POOLING = {"k": (1, 4, 16, 64), "tau": (0.05, 0.1, 0.3)}
 FRONTIER = {"windows": (2, 3, 4, 8), "rules": {"": [], " k=1 tau=1": ["accept.k=1", "accept.tau=1.0"]}}
 GOAL = {"forwards": 4.0, "speedup": 3.0, "gap": -0.02}  # issue 5: vs raster, shapes-GenEval gap
+HELD_OUT_SEED = 2  # global seed of the benchmark's images: never used to choose weights or defaults
 
 
 def compose_config(model: str, overrides: Sequence[str], experiment: str | None = None) -> Any:
@@ -335,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="add the table that splits MuLo-SD's quality loss (oracle drafter, resampler alone)")
     ap.add_argument("--frontier", action="store_true",
                     help="time MuLo-SD's resampler windows x acceptance rules and print the goal verdict")
+    ap.add_argument("--seed", type=int, default=HELD_OUT_SEED,
+                    help="global seed of the timed and quality images (default: the held-out seed; "
+                         "0 is the tuning sample the shipped defaults were chosen on)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. decoder.mulo_sd.accept.tau=0.2")
@@ -344,7 +354,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     if a.threads:
         torch.set_num_threads(a.threads)
-    cfg = compose_config(a.model, a.overrides)
+    if any(o.lstrip("+~").split("=")[0] == "seed" for o in a.overrides):
+        ap.error("set the images' seed with --seed N, not a Hydra override seed=N")
+    overrides = [*a.overrides, f"seed={a.seed}"]
+    cfg = compose_config(a.model, overrides)
     device = _device(a.device)
     bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
     decoders = {name: _build(cfg.decoder[name]) for name in MAIN}
@@ -359,23 +372,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     evaluators = {"geneval": _build(cfg.evaluator.geneval_shapes), "fid": _build(cfg.evaluator.fid_shapes)}
     print(f"model={a.model} images={a.images} reps={a.reps} batch=1 device={device} "
           f"threads={torch.get_num_threads()} sampling={decoders['raster'].sampling} "
-          f"quality_images={len(quality) or a.images}")
+          f"quality_images={len(quality) or a.images} seed={cfg.seed}")
     with tempfile.TemporaryDirectory() as tmp:
         rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
                        quality, a.quality_batch)
         print(table("== main (batch 1)", rows), flush=True)
         print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd")])[0], flush=True)
         if a.ablations:
-            for title, decs in ablation_decoders(a.model, a.overrides, a.only).items():
+            for title, decs in ablation_decoders(a.model, overrides, a.only).items():
                 rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,
                                quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)
         if a.frontier:
-            rows = measure(frontier_decoders(a.model, a.overrides), models, specs, a.reps, device, evaluators,
+            rows = measure(frontier_decoders(a.model, overrides), models, specs, a.reps, device, evaluators,
                            False, Path(tmp) / "frontier", quality, a.quality_batch)
             print(table("== frontier (batch 1)", rows), *goal_verdict(rows), sep="\n", flush=True)
         if a.diagnose:
-            rows = diagnose(a.model, a.overrides, models, quality or specs, device, evaluators["geneval"],
+            rows = diagnose(a.model, overrides, models, quality or specs, device, evaluators["geneval"],
                             a.quality_batch, Path(tmp) / "diagnose")
             print(table("== diagnose (untimed; quality images)", rows), flush=True)
 
