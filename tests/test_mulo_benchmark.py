@@ -112,19 +112,20 @@ def test_frontier_decoders_cross_windows_with_rules() -> None:
         assert (decoder.accept.k, decoder.accept.tau) == rule, label
 
 
-def test_benchmark_images_default_to_a_seed_no_default_was_chosen_on() -> None:
+def test_benchmark_images_default_to_a_seed_no_default_was_chosen_on(capsys) -> None:  # type: ignore[no-untyped-def]
     """The figures of record are drawn at the held-out seed, not at the harness's default (the
     tuning sample), and a Hydra `seed=` override is refused so that the seed has one spelling."""
     assert HELD_OUT_SEED not in (0, 1)
     assert compose_config("random", TINY).seed != HELD_OUT_SEED
     with pytest.raises(SystemExit):
         main(["--model", "random", "seed=0"])
+    assert "--seed N, not a Hydra override" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, seed", [([], HELD_OUT_SEED), (["--seed", "5"], 5)])
 def test_benchmark_runs_at_the_seed_it_is_given(argv: list[str], seed: int, capsys) -> None:  # type: ignore[no-untyped-def]
     """The whole benchmark on a tiny random model: the configuration it decodes with carries the
     seed of --seed (the held-out one by default), as its header line reports."""
-    main(["--model", "random", "--images", "1", "--reps", "1", *argv, *TINY[:4]])
+    main(["--model", "random", "--images", "1", "--reps", "1", *argv, *TINY])
     header = capsys.readouterr().out.splitlines()[0]
     assert header.endswith(f" seed={seed}"), header
