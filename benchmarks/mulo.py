@@ -1,7 +1,7 @@
 """MuLo-SD against raster, SJD, LANTERN and ZipAR in one run at batch 1 (issue 5), then the paper's
 ablations (paper.md §10.2) on the same prompts.
 
-    python benchmarks/mulo.py [--model shapes|random] [--images 16] [--reps 2] [--fid]
+    python benchmarks/mulo.py [--model shapes|shapes_x2|random] [--images 16] [--reps 2] [--fid]
                               [--quality-images 96] [--quality-batch 8]
                               [--ablations [--only ablation_upsampling ...]] [--diagnose]
                               [--frontier] [--seed 2]
@@ -328,7 +328,7 @@ def diagnose(model: str, overrides: Sequence[str], models: ModelBundle, specs: S
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["random", "shapes"], default="shapes")
+    ap.add_argument("--model", choices=["random", "shapes", "shapes_x2"], default="shapes")
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--fid", action="store_true", help="score FID (shapes ground truth) beside GenEval")

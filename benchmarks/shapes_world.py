@@ -1,13 +1,16 @@
 """Quality report of the shipped shapes world, per GenEval tag:
 
 1. detector accuracy (share of images whose own caption passes GenEval's rules) on ground-truth
-   renders and on tokenizer reconstructions, at 64 px (target) and 32 px (drafter);
-2. shapes-GenEval of raster samples from the target (with and without CFG) and from the drafter;
-3. drafter-target agreement: the drafter's samples up-sampled to the target grid (decode 32 px ->
-   nearest resize to 64 px -> encode), teacher-forced through the target: mean target probability
-   of the up-sampled draft tokens and the share where the draft token is the target's argmax.
+   renders and on tokenizer reconstructions, at the target's size (64 px; x2 world 128 px) and the
+   drafter's (32 px; x2 world 64 px);
+2. shapes-GenEval of raster samples from the target (with and without CFG) and from the drafter,
+   and of the drafter's samples up-sampled to the target's size (bicubic and nearest resize, each
+   re-encoded: what MuLo-SD's pixel up-sampler proposes);
+3. drafter-target agreement: the drafter's samples up-sampled to the target grid (decode ->
+   nearest resize -> encode), teacher-forced through the target: mean target probability of the
+   up-sampled draft tokens and the share where the draft token is the target's argmax.
 
-    python benchmarks/shapes_world.py [--prompts 96] [--cfg 3.0] [--threads 2]
+    python benchmarks/shapes_world.py [--world x1|x2] [--prompts 96] [--cfg 3.0] [--threads 2]
 """
 from __future__ import annotations
 
@@ -65,13 +68,25 @@ def raster_tokens(bundle: ModelBundle, prompts: Sequence[Prompt], cfg: float, dr
 
 
 @torch.inference_mode()
+def upsampled(bundle: ModelBundle, draft_images: np.ndarray, mode: str) -> np.ndarray:
+    """Drafter images [N, h, w, 3] -> resized to the target's size with `mode`, encoded and decoded
+    by the target's tokenizer [N, H, W, 3] (the pixel up-sampler's proposal)."""
+    size = bundle.target.grid[0] * 4
+    x = torch.from_numpy(draft_images).permute(0, 3, 1, 2).float()
+    kwargs = {"antialias": False, "align_corners": False} if mode == "bicubic" else {}
+    x = F.interpolate(x, size=(size, size), mode=mode, **kwargs).round().clamp(0, 255).to(torch.uint8)
+    return reconstruct(bundle, x.permute(0, 2, 3, 1).numpy())
+
+
+@torch.inference_mode()
 def agreement(bundle: ModelBundle, prompts: Sequence[Prompt], draft_images: np.ndarray) -> dict[str, float]:
     """Teacher-force the up-sampled drafts through the (unguided) target."""
-    up = F.interpolate(torch.from_numpy(draft_images).permute(0, 3, 1, 2), scale_factor=2, mode="nearest")
-    tokens = bundle.target.encode(up)  # [N, 256]
+    size = bundle.target.grid[0] * 4
+    up = F.interpolate(torch.from_numpy(draft_images).permute(0, 3, 1, 2), size=(size, size), mode="nearest")
+    tokens = bundle.target.encode(up)  # [N, grid^2]
     gpt = bundle.target.gpt  # type: ignore[attr-defined]
     cond = bundle.condition([p.text for p in prompts])
-    p = gpt.forward_train(cond, tokens).softmax(-1)  # [N, 256, V]
+    p = gpt.forward_train(cond, tokens).softmax(-1)  # [N, grid^2, V]
     p_draft = p.gather(-1, tokens[..., None])[..., 0]
     return {"mean_p_target(draft)": float(p_draft.mean()),
             "argmax_match": float((p.argmax(-1) == tokens).float().mean())}
@@ -87,12 +102,14 @@ def main() -> None:
     ap.add_argument("--cfg", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--weights", default=None, help="weights folder (default: the shipped weights)")
+    ap.add_argument("--world", default="x1", choices=["x1", "x2"], help="x2: the 32x32 world (model=shapes_x2)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    prompts, bundle = shapes(a.prompts), load(a.weights, small_drafter=False)
+    prompts, bundle = shapes(a.prompts), load(a.weights, small_drafter=False, world=a.world)
+    big, small = bundle.target.grid[0] * 4, bundle.drafter.grid[0] * 4
     print(f"{a.prompts} prompts ({a.prompts // 6} per tag)")
     print(f"{'':<34}" + " ".join(f"{t[:8]:>8}" for t in (*TAGS, "overall")))
-    for size in (64, 32):
+    for size in (big, small):
         gt = ground_truth(prompts, size)
         print(row(f"detector on ground truth {size}px", score(gt, prompts)))
         print(row(f"detector on reconstructions {size}px", score(reconstruct(bundle, gt), prompts)))
@@ -100,7 +117,9 @@ def main() -> None:
         t = raster_tokens(bundle, prompts, cfg, drafter=False)
         print(row(f"target raster cfg={cfg}", score(bundle.target.decode(t).permute(0, 2, 3, 1).numpy(), prompts)))
     draft = bundle.drafter.decode(raster_tokens(bundle, prompts, a.cfg, drafter=True)).permute(0, 2, 3, 1).numpy()
-    print(row(f"drafter raster cfg={a.cfg} (32px)", score(draft, prompts)))
+    print(row(f"drafter raster cfg={a.cfg} ({small}px)", score(draft, prompts)))
+    for mode in ("bicubic", "nearest"):
+        print(row(f"  up-sampled {mode} ({big}px)", score(upsampled(bundle, draft, mode), prompts)))
     print("drafter -> target agreement:", {k: round(v, 3) for k, v in agreement(bundle, prompts, draft).items()})
 
 

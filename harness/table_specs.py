@@ -78,7 +78,7 @@ METHOD_LABELS = {
     "zipar_w4": "ZipAR (window 4)",
     "mulo_sd": "MuLo-SD",
 }
-MODEL_LABELS = {"shapes": "Shapes (embedded)", "random": "Random (smoke)"}
+MODEL_LABELS = {"shapes": "Shapes (embedded)", "shapes_x2": "Shapes x2 (embedded, 32x32)", "random": "Random (smoke)"}
 SWEPT_LABELS = {"tau": "τ", "k": "k", "radius": "l", "delta": "δ", "window": "window"}
 
 MAIN = TableSpec(

@@ -1,5 +1,6 @@
 """`model=shapes`: the shipped, trained shapes-world bundle (target 16x16, drafter 8x8, optional
-small drafter at 16x16), one tokenizer and the caption grammar's conditioner."""
+small drafter at 16x16), one tokenizer and the caption grammar's conditioner. `model=shapes_x2`:
+the x2 world (target 32x32 at 128 px, drafter = the x1 target at 16x16, small drafter 32x32)."""
 from __future__ import annotations
 
 import logging
@@ -10,15 +11,18 @@ from harness.models.conditioners import WordIdConditioner
 from harness.models.image_model import TokenImageModel
 from harness.shapes.captions import ENCODINGS, encoding_of
 from harness.shapes.vq import load_tokenizer
-from harness.shapes.weights import WEIGHTS_DIR, WeightsError, load_gpt, read_manifest, verified
+from harness.shapes.weights import WORLDS, WeightsError, load_gpt, read_manifest, verified
 
 log = logging.getLogger(__name__)
 
 
-def load(weights_dir: str | Path | None = None, drafter: bool = True, small_drafter: bool = True) -> ModelBundle:
-    """Load the bundle from `weights_dir` (default: the weights shipped in the package), checking
-    every file's sha256 against the manifest."""
-    folder = Path(weights_dir) if weights_dir else WEIGHTS_DIR
+def load(weights_dir: str | Path | None = None, drafter: bool = True, small_drafter: bool = True,
+         world: str = "x1") -> ModelBundle:
+    """Load the bundle from `weights_dir` (default: the weights of `world` shipped in the package,
+    "x1" or "x2"), checking every file's sha256 against the manifest."""
+    if world not in WORLDS:
+        raise ValueError(f"shapes world must be one of {sorted(WORLDS)}, got {world!r}")
+    folder = Path(weights_dir) if weights_dir else WORLDS[world]
     files = read_manifest(folder)["files"]
     tokenizer = load_tokenizer(verified("tokenizer.safetensors", folder))
 
@@ -39,4 +43,5 @@ def load(weights_dir: str | Path | None = None, drafter: bool = True, small_draf
         raise WeightsError(f"the shapes models in {folder} read different caption encodings {encodings}; "
                            "retrain them with one recipe")
     tokenize, slots, _ = ENCODINGS[encodings["target"]]
-    return ModelBundle(name="shapes", conditioner=WordIdConditioner(tokenize, slots), **bundle)
+    name = "shapes" if world == "x1" else f"shapes_{world}"
+    return ModelBundle(name=name, conditioner=WordIdConditioner(tokenize, slots), **bundle)

@@ -31,7 +31,7 @@ from torch import Tensor
 def region_steps(region: Tensor, window: int) -> Tensor:
     """region [R, C] bool -> steps [R * C] int64: (row - first region row) * window + rank of the
     position among its row's region positions; -1 outside the region."""
-    rows = torch.arange(region.shape[0])[:, None].expand_as(region)
+    rows = torch.arange(region.shape[0], device=region.device)[:, None].expand_as(region)
     top = int(rows[region].min()) if region.any() else 0
     rank = region.long().cumsum(1) - 1
     return torch.where(region, (rows - top) * window + rank, -1).flatten()
@@ -44,7 +44,7 @@ def zipar_hidden(region: Tensor, window: int) -> Tensor:
     steps = region_steps(region, window)
     n = steps.numel()
     inside = steps >= 0
-    index = torch.arange(n)
+    index = torch.arange(n, device=region.device)
     later = steps[None, :] >= steps[:, None]  # [i, j]: j's step >= i's step
     before = index[None, :] < index[:, None] - 1
     return inside[:, None] & inside[None, :] & later & before
@@ -63,21 +63,41 @@ def random_region(rng: np.random.Generator, grid: tuple[int, int], whole: float)
     return region
 
 
-def sample_hidden(rng: np.random.Generator, batch: int, grid: tuple[int, int], fraction: float,
-                  windows: Sequence[int], whole: float = 0.5) -> Tensor | None:
-    """hidden [B, N, N] bool for one training batch: each row, with probability `fraction`, gets
-    the gaps of a random region (random_region) decoded with a window drawn from `windows`; the
-    other rows hide nothing. None when no row is masked."""
+Gap = tuple[int, Tensor, int]  # (batch row, region [R, C] bool, window)
+
+
+def sample_gaps(rng: np.random.Generator, batch: int, grid: tuple[int, int], fraction: float,
+                windows: Sequence[int], whole: float = 0.5) -> list[Gap]:
+    """The context gaps of one training batch, compactly: each row, with probability `fraction`,
+    gets a random region (random_region) decoded with a window drawn from `windows`."""
     if not 0 <= fraction <= 1:
         raise ValueError(f"parallel_fraction must lie in [0, 1], got {fraction!r}")
     if not windows or any(int(w) != w or w < 1 for w in windows):
         raise ValueError(f"parallel_windows must be integers >= 1, got {list(windows)!r}")
+    gaps: list[Gap] = []
     if fraction == 0:
-        return None
-    n = grid[0] * grid[1]
-    hidden = torch.zeros(batch, n, n, dtype=torch.bool)
+        return gaps
     for b in range(batch):
         if rng.random() < fraction:
             window = int(windows[int(rng.integers(len(windows)))])
-            hidden[b] = zipar_hidden(random_region(rng, grid, whole), window)
+            gaps.append((b, random_region(rng, grid, whole), window))
+    return gaps
+
+
+def hidden_of(gaps: list[Gap], batch: int, device: torch.device | str = "cpu") -> Tensor | None:
+    """gaps -> hidden [B, N, N] bool on `device` (zipar_hidden per listed row; other rows hide
+    nothing); None when no row hides anything."""
+    if not gaps:
+        return None
+    n = gaps[0][1].numel()
+    hidden = torch.zeros(batch, n, n, dtype=torch.bool, device=device)
+    for b, region, window in gaps:
+        hidden[b] = zipar_hidden(region.to(device), window)
     return hidden if hidden.any() else None
+
+
+def sample_hidden(rng: np.random.Generator, batch: int, grid: tuple[int, int], fraction: float,
+                  windows: Sequence[int], whole: float = 0.5) -> Tensor | None:
+    """hidden [B, N, N] bool for one training batch: hidden_of(sample_gaps(...)) on the CPU. None
+    when no row is masked."""
+    return hidden_of(sample_gaps(rng, batch, grid, fraction, windows, whole), batch)

@@ -6,6 +6,14 @@ contexts of parallel decoding), then the manifest.
     python -m harness.shapes.recipe --out .cache/shapes_recipe            # train (resumes)
     python -m harness.shapes.recipe --out .cache/shapes_recipe --install  # + copy into the package
 
+The x2 world (`model=shapes_x2`) doubles the resolution: a 32x32-token target at 128 px whose
+r = 2 drafter is the x1 world's 16x16 target, unchanged, and a small same-resolution drafter.
+Its two stages start from the x1 world's shipped weights (`--from-shipped` adopts them instead
+of retraining the x1 chain) and want a GPU (about 7 s per step at 128 px on 2 CPU cores):
+
+    python -m harness.shapes.recipe --out .cache/shapes_x2 --world x2 --from-shipped \
+        --device cuda --workers 12 --install
+
 Every stage checkpoints and resumes; rerunning the command after an interruption continues
 where it stopped. Stages already finished (their .safetensors exists) are skipped.
 
@@ -30,7 +38,7 @@ import torch
 
 from harness.shapes.train_gpt import save_gpt, train_gpt
 from harness.shapes.train_tokenizer import train_tokenizer
-from harness.shapes.weights import WEIGHTS_DIR, load_gpt, write_manifest
+from harness.shapes.weights import MANIFEST, WEIGHTS_DIR, WORLDS, load_gpt, read_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +107,27 @@ GPTS: dict[str, dict[str, Any]] = {
 # -0.28 and -0.25, so not shipping them stands.
 SHIPPED = {"target": "target_parallel_refine", "drafter": "drafter", "small_drafter": "small_drafter"}
 
+# The x2 world: the same architecture at 128 px (32x32 tokens). The target starts from the shipped
+# x1 target (rotary positions are a buffer, so weights transfer across grids; LlamaGen trains its
+# 512 px stage from the 256 px one) and keeps learning the gaps of parallel decoding, with the
+# windows a 32-wide grid adds; the small drafter (draft-model SD, LANTERN) starts from the x1 one.
+X2 = dict(size=128, **CAPTIONS)
+GPTS.update({
+    "x2_target": dict(role="target", steps=3000, batch_size=64, lr=5e-4, dim=256, n_layer=4, n_head=4,
+                      seed=10, init_from="target_parallel_refine", warmup=50, parallel_fraction=0.5,
+                      parallel_windows=(1, 2, 4, 8, 16), **X2),
+    "x2_small_drafter": dict(role="small_drafter", steps=1500, batch_size=32, lr=1e-3, dim=256, n_layer=1,
+                             n_head=4, seed=11, init_from="small_drafter", warmup=50, **X2),
+})
+# Stages each world trains by default, and the stage shipped under each role's file name.
+WORLD_STAGES = {"x1": [s for s in GPTS if not s.startswith("x2_")], "x2": ["x2_target", "x2_small_drafter"]}
+SHIPPED_X2 = {"target": "x2_target", "small_drafter": "x2_small_drafter"}
+WORLD_SHIPPED = {"x1": SHIPPED, "x2": SHIPPED_X2}
+# Files a world takes unchanged from another world's folder: the x2 world's r = 2 drafter is the x1
+# target, and both worlds share the tokenizer (its 4x4 patch codes do not depend on image size).
+BORROWED = {"x1": {}, "x2": {"drafter.safetensors": ("x1", "target.safetensors"),
+                             "tokenizer.safetensors": ("x1", "tokenizer.safetensors")}}
+
 
 def _commit() -> str:
     try:
@@ -121,15 +150,21 @@ def weights_of(out: Path, stage: str) -> Path:
     return out / stage / f"{GPTS[stage]['role']}.safetensors"
 
 
-def stage_order(stages: list[str]) -> list[str]:
-    """`stages` plus every stage they start from, each after the stage it starts from."""
+def finished(out: Path, stage: str) -> bool:
+    """Whether `stage` left its weights and metrics in the working folder."""
+    return weights_of(out, stage).exists() and (out / stage / "metrics.json").exists()
+
+
+def stage_order(stages: list[str], out: Path | None = None) -> list[str]:
+    """`stages` plus every stage they start from, each after the stage it starts from; with `out`,
+    the chain stops at stages already finished there (their parents are not needed)."""
     order: list[str] = []
 
     def visit(stage: str) -> None:
         if stage in order:
             return
         parent = GPTS[stage].get("init_from")
-        if parent is not None:
+        if parent is not None and not (out is not None and finished(out, stage)):
             visit(parent)
         order.append(stage)
 
@@ -138,41 +173,78 @@ def stage_order(stages: list[str]) -> list[str]:
     return order
 
 
-def stage_gpt(out: Path, stage: str, device: str = "cpu") -> dict[str, Any]:
+def stage_gpt(out: Path, stage: str, device: str = "cpu", workers: int = 0) -> dict[str, Any]:
     folder = out / stage
-    if weights_of(out, stage).exists() and (folder / "metrics.json").exists():
+    if finished(out, stage):
         return json.loads((folder / "metrics.json").read_text())
     kwargs = dict(GPTS[stage])
     role = kwargs.pop("role")
     if "init_from" in kwargs:
         kwargs["init_from"] = weights_of(out, kwargs["init_from"])
-    metrics = train_gpt(role, out / "tokenizer" / "tokenizer.safetensors", folder, device=device, **kwargs)
+    metrics = train_gpt(role, out / "tokenizer" / "tokenizer.safetensors", folder, device=device,
+                        workers=workers, **kwargs)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
 
 
-def install(out: Path, metrics: dict[str, Any], dest: Path = WEIGHTS_DIR) -> dict[str, Any]:
-    """Copy the trained files into `dest` and write the manifest (sha256, config, losses)."""
+def adopt_shipped(out: Path, source: Path = WEIGHTS_DIR) -> list[str]:
+    """Seed the working folder with the shipped x1 weights in `source` (tokenizer and each shipped
+    stage, with the metrics its manifest records), so stages that start from them train without
+    retraining the x1 chain. Stages already in `out` are left alone. Returns the stages adopted."""
+    manifest = read_manifest(source)
+    recorded = manifest.get("metrics", {})
+    tokenizer = out / "tokenizer"
+    if not (tokenizer / "tokenizer.safetensors").exists():
+        tokenizer.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / "tokenizer.safetensors", tokenizer / "tokenizer.safetensors")
+        (tokenizer / "metrics.json").write_text(json.dumps(recorded.get("tokenizer", {}), indent=2))
+    adopted = []
+    for role, stage in SHIPPED.items():
+        if finished(out, stage) or f"{role}.safetensors" not in manifest["files"]:
+            continue
+        (out / stage).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / f"{role}.safetensors", weights_of(out, stage))
+        (out / stage / "metrics.json").write_text(json.dumps(recorded.get(stage, {}), indent=2))
+        adopted.append(stage)
+    return adopted
+
+
+def install(out: Path, metrics: dict[str, Any], dest: Path = WEIGHTS_DIR, world: str = "x1") -> dict[str, Any]:
+    """Copy the trained files of `world` into `dest` and write the manifest (sha256, config,
+    losses). Borrowed files (BORROWED) are not copied: the manifest points at the lending world's
+    folder beside `dest` and records the sha256 they must keep."""
     dest.mkdir(parents=True, exist_ok=True)
-    shipped = {role: stage for role, stage in SHIPPED.items() if weights_of(out, stage).exists()}
-    files = ["tokenizer.safetensors"] + [f"{role}.safetensors" for role in shipped]
-    shutil.copyfile(out / "tokenizer" / "tokenizer.safetensors", dest / "tokenizer.safetensors")
+    chosen = WORLD_SHIPPED[world]
+    shipped = {role: stage for role, stage in chosen.items() if weights_of(out, stage).exists()}
+    files = [f"{role}.safetensors" for role in shipped]
+    links = {name: f"../{WORLDS[lender].name}/{lent}" for name, (lender, lent) in BORROWED[world].items()}
+    if "tokenizer.safetensors" not in links:
+        files.insert(0, "tokenizer.safetensors")
+        shutil.copyfile(out / "tokenizer" / "tokenizer.safetensors", dest / "tokenizer.safetensors")
     for role, stage in shipped.items():
         # GPTs ship in fp16 (half the bytes; loading casts back to fp32).
         save_gpt(load_gpt(weights_of(out, stage)), dest / f"{role}.safetensors", metrics.get(stage, {}),
                  dtype=torch.float16)
-    info = {"recipe": {"tokenizer": TOKENIZER, "gpts": GPTS, "shipped": SHIPPED}, "commit": _commit(),
-            "torch": torch.__version__, "metrics": metrics}
-    return write_manifest(dest, files, info)
+    info = {"recipe": {"tokenizer": TOKENIZER, "gpts": {s: GPTS[s] for s in WORLD_STAGES[world]},
+                       "shipped": chosen},
+            "commit": _commit(), "torch": torch.__version__, "metrics": metrics}
+    return write_manifest(dest, files, info, links)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="working folder (checkpoints, logs)")
-    ap.add_argument("--stages", nargs="+", default=list(GPTS), choices=list(GPTS),
-                    help="GPT stages to train (with the stages they start from)")
-    ap.add_argument("--install", action="store_true", help=f"copy the weights into {WEIGHTS_DIR}")
+    ap.add_argument("--world", default="x1", choices=list(WORLD_STAGES),
+                    help="x1: the 16x16 world (harness/shapes/weights); x2: the 32x32 world (weights_x2)")
+    ap.add_argument("--stages", nargs="+", default=None, choices=list(GPTS),
+                    help="GPT stages to train, with the stages they start from (default: the world's)")
+    ap.add_argument("--from-shipped", action="store_true",
+                    help=f"start from the x1 weights shipped in {WEIGHTS_DIR} instead of retraining them")
+    ap.add_argument("--install", action="store_true", help="copy the world's weights into the package")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=0,
+                    help="processes rendering training batches ahead of the step (about 4 batches/s "
+                         "each at 128 px); 0 renders in the training process")
     ap.add_argument("--device", default="cpu",
                     help="where the GPTs train (cuda: 13-23 steps/s per run measured with six runs sharing "
                          "one H200, against 1-4 on 2 CPU cores; the floats differ from the shipped CPU run)")
@@ -180,12 +252,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.from_shipped:
+        log.info("adopted the shipped stages %s", adopt_shipped(a.out))
     metrics = {"tokenizer": stage_tokenizer(a.out)}
-    for stage in stage_order(a.stages):
-        metrics[stage] = stage_gpt(a.out, stage, a.device)
+    for stage in stage_order(a.stages or WORLD_STAGES[a.world], a.out):
+        metrics[stage] = stage_gpt(a.out, stage, a.device, a.workers)
     if a.install:
-        manifest = install(a.out, metrics)
-        log.info("installed %d files into %s", len(manifest["files"]), WEIGHTS_DIR)
+        manifest = install(a.out, metrics, WORLDS[a.world], a.world)
+        log.info("installed %d files into %s (%s)", len(manifest["files"]), WORLDS[a.world], MANIFEST)
 
 
 if __name__ == "__main__":

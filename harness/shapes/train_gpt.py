@@ -1,5 +1,6 @@
-"""Train one shapes-world GPT (target at 64 px -> 16x16 tokens, drafter at 32 px -> 8x8 tokens)
-on an endless, seeded stream of freshly rendered scenes tokenised by the shared tokenizer.
+"""Train one shapes-world GPT (target at 64 px -> 16x16 tokens, drafter at 32 px -> 8x8 tokens;
+`--image-size 128` gives the x2 world's 32x32 target) on an endless, seeded stream of freshly
+rendered scenes tokenised by the shared tokenizer.
 
 Resumable: an atomic checkpoint (model, optimiser, step) is written every `ckpt_every` steps and
 picked up on restart. The data of step s depends only on (seed, s), so a resumed run sees exactly
@@ -23,11 +24,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+from torch.utils.data import DataLoader, Dataset
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT, GPTConfig
 from harness.shapes.captions import ENCODINGS, TAGS, encoding_of
-from harness.shapes.parallel_masks import sample_hidden
+from harness.shapes.parallel_masks import Gap, hidden_of, sample_gaps
 from harness.shapes.scenes import render, sample_scene
 from harness.shapes.vq import ShapesVQ, load_tokenizer
 
@@ -37,16 +39,27 @@ DOWNSAMPLE = 4
 ROLES = {"target": 64, "drafter": 32}  # image size per role; tokens = size / 4 per side
 
 
+def role_size(role: str, size: int | None = None) -> int:
+    """Image size (pixels per side) a role trains at: `size` when given, else ROLES's (the small
+    drafter shares the target's resolution)."""
+    if role not in ("target", "drafter", "small_drafter"):
+        raise ValueError(f"role must be target, drafter or small_drafter, got {role!r}")
+    size = ROLES["target" if role == "small_drafter" else role] if size is None else size
+    if size < 8 or size % DOWNSAMPLE:
+        raise ValueError(f"image size must be a multiple of {DOWNSAMPLE} and >= 8, got {size}")
+    return size
+
+
 def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
                cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
-               captions: str = "words") -> GPTConfig:
+               captions: str = "words", size: int | None = None) -> GPTConfig:
     """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter") reading
-    captions in encoding `captions` ("words" or "phrases", captions.ENCODINGS)."""
+    captions in encoding `captions` ("words" or "phrases", captions.ENCODINGS), at image size
+    `size` (default: the role's, role_size)."""
     if captions not in ENCODINGS:
         raise ValueError(f"captions must be one of {sorted(ENCODINGS)}, got {captions!r}")
     _, slots, vocab = ENCODINGS[captions]
-    size = ROLES["target" if role == "small_drafter" else role]
-    grid = size // DOWNSAMPLE
+    grid = role_size(role, size) // DOWNSAMPLE
     # prefix_rope "zero" (LlamaGen's choice): caption slots get zero queries and keys, so every
     # image position sees the caption with position-independent scores (unrotated "identity" keys
     # give scores that turn with the image position's rotary angle). Measured on 8x8 drafters
@@ -71,6 +84,43 @@ def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
     null = torch.from_numpy(rng.random(batch_size) < cond_dropout)
     ids = ENCODINGS[captions][0]([s.caption for s in scenes])
     return TextCondition(null=null, ids=ids), tokens
+
+
+class StepData(Dataset):
+    """Everything step s of a run trains on, a function of (run settings, s) only: the batch
+    (`batch`) and the parallel-decoding context gaps (parallel_masks.sample_gaps; compact, so
+    workers hand over kilobytes, and hidden_of builds the [B, N, N] masks where they are used). Index i is
+    step `start + i`; a DataLoader with workers renders steps ahead of the GPU in other
+    processes and yields exactly what the training process would compute itself."""
+
+    def __init__(self, start: int, steps: int, *, seed: int, size: int, batch_size: int,
+                 tokenizer: ShapesVQ, cond_dropout: float, focus_steps: int, focus_tags: tuple[str, ...],
+                 tags: tuple[str, ...], captions: str, named_order: bool, grid: tuple[int, int],
+                 parallel_fraction: float, parallel_windows: tuple[int, ...]) -> None:
+        self.start, self.steps, self.seed, self.size, self.batch_size = start, steps, seed, size, batch_size
+        self.tokenizer, self.cond_dropout, self.captions, self.named_order = tokenizer, cond_dropout, captions, named_order
+        self.focus_steps, self.focus_tags, self.tags, self.grid = focus_steps, focus_tags, tags, grid
+        self.parallel_fraction, self.parallel_windows = parallel_fraction, parallel_windows
+
+    def __len__(self) -> int:
+        return max(0, self.steps - self.start)
+
+    def __getitem__(self, i: int) -> tuple[TextCondition, torch.Tensor, list[Gap]]:
+        """-> (condition [B], tokens [B, grid^2], the batch's context gaps)."""
+        step = self.start + i
+        mix = tuple(self.focus_tags) if step < self.focus_steps else tuple(self.tags)
+        with torch.no_grad():
+            cond, tokens = batch(step, self.seed, self.size, self.batch_size, self.tokenizer, self.cond_dropout,
+                                 mix, self.captions, self.named_order)
+        gaps = sample_gaps(np.random.default_rng([self.seed, step, 1]), tokens.shape[0], self.grid,
+                           self.parallel_fraction, self.parallel_windows)
+        return cond, tokens, gaps
+
+
+def step_batches(data: StepData, workers: int) -> DataLoader:
+    """The steps of `data` in order; `workers` > 0 renders them in that many processes."""
+    return DataLoader(data, batch_size=None, shuffle=False, num_workers=workers,
+                      prefetch_factor=4 if workers else None, persistent_workers=False)
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -153,7 +203,8 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
               focus_tags: tuple[str, ...] = ("colors",), tags: tuple[str, ...] = TAGS,
               cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
               captions: str = "words", named_order: bool = False, parallel_fraction: float = 0.0,
-              parallel_windows: tuple[int, ...] = (1, 2, 4, 8), device: str = "cpu") -> dict[str, Any]:
+              parallel_windows: tuple[int, ...] = (1, 2, 4, 8), device: str = "cpu",
+              size: int | None = None, workers: int = 0) -> dict[str, Any]:
     """Train (or resume) one role; writes `<role>.safetensors` and returns final metrics.
 
     Curriculum: the first `focus_steps` steps draw captions only from `focus_tags`, then from
@@ -187,16 +238,21 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     `device`: where the GPT trains ("cpu", "cuda"); scenes are rendered and tokenised on the CPU,
     so the batches are the same on every device (the floats of the updates are not).
 
+    `size`: the image size in pixels (default: the role's, role_size); 128 gives the x2 world's
+    32x32-token target. `workers`: processes that render batches ahead of the training step
+    (StepData); the batches are the same for every count. At 128 px one process renders and
+    tokenises about 4 batches of 32 per second, too few to keep a GPU busy.
+
     `init_from`: a trained GPT (safetensors) of the same architecture to start from, e.g. the
     target starts from the half-resolution drafter as LlamaGen's stage 2 starts from stage 1 (the
     rotary table is a buffer, so weights transfer across grids). The only parameter the parent may
     lack is `word_pos`, which then starts at zero (the child computes what the parent did)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(tokenizer_path)
-    size = ROLES["target" if role == "small_drafter" else role]
+    size = role_size(role, size)
     torch.manual_seed(seed)
     gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos,
-                         rope_fraction, captions)).train()
+                         rope_fraction, captions, size)).train()
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
@@ -214,13 +270,13 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
         log.info("%s: resuming at step %d", role, start)
     log.info("%s: %.2fM parameters, grid %s", role, gpt.num_params() / 1e6, gpt.cfg.grid)
     t0, loss_ema = time.perf_counter(), None
-    for step in range(start, steps):
-        mix = tuple(focus_tags) if step < focus_steps else tuple(tags)
-        cond, tokens = batch(step, seed, size, batch_size, tokenizer, gpt.cfg.cond_dropout, mix, captions,
-                             named_order)
+    data = StepData(start, steps, seed=seed, size=size, batch_size=batch_size, tokenizer=tokenizer,
+                    cond_dropout=gpt.cfg.cond_dropout, focus_steps=focus_steps, focus_tags=tuple(focus_tags),
+                    tags=tuple(tags), captions=captions, named_order=named_order, grid=gpt.cfg.grid,
+                    parallel_fraction=parallel_fraction, parallel_windows=tuple(parallel_windows))
+    for step, (cond, tokens, gaps) in enumerate(step_batches(data, workers), start=start):
         cond, tokens = cond.to(device), tokens.to(device)
-        hidden = sample_hidden(np.random.default_rng([seed, step, 1]), tokens.shape[0], gpt.cfg.grid,
-                               parallel_fraction, parallel_windows)
+        hidden = hidden_of(gaps, tokens.shape[0], device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
@@ -238,6 +294,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
             _save_ckpt(ckpt, gpt, opt, step + 1)
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
+               "image_size": size,
                "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos,
                "rope_fraction": rope_fraction, "captions": captions, "named_order": named_order,
                "parallel_fraction": parallel_fraction, "parallel_windows": list(parallel_windows)}
@@ -260,6 +317,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="where the GPT trains: cpu, cuda, cuda:1, ...")
+    ap.add_argument("--image-size", type=int, default=None,
+                    help="training image size in pixels (default: 64 for target/small_drafter, 32 for drafter)")
+    ap.add_argument("--workers", type=int, default=0, help="processes rendering batches ahead of the step")
     ap.add_argument("--captions", default="words", choices=list(ENCODINGS), help="caption encoding")
     ap.add_argument("--init-from", type=Path, default=None, help="a trained GPT to start from")
     ap.add_argument("--warmup", type=int, default=100)
@@ -283,7 +343,7 @@ def main() -> None:
               init_from=a.init_from, warmup=a.warmup, focus_steps=a.focus_steps,
               cond_broadcast=a.cond_broadcast, word_pos=a.word_pos, named_order=a.named_order,
               tags=tuple(a.tags), rope_fraction=a.rope_fraction, parallel_fraction=a.parallel_fraction,
-              parallel_windows=tuple(a.parallel_windows))
+              parallel_windows=tuple(a.parallel_windows), size=a.image_size, workers=a.workers)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from safetensors import safe_open
 from harness.models.gpt import GPT, GPTConfig
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
+# The shipped worlds: x1 (16x16 target, 8x8 drafter) and x2 (32x32 target whose drafter is x1's target).
+WORLDS = {"x1": WEIGHTS_DIR, "x2": WEIGHTS_DIR.parent / "weights_x2"}
 MANIFEST = "manifest.json"
 
 
@@ -36,9 +38,13 @@ def read_manifest(folder: Path = WEIGHTS_DIR) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def write_manifest(folder: Path, files: list[str], info: dict[str, Any]) -> dict[str, Any]:
-    """Hash `files` (names inside `folder`) and write the manifest atomically."""
-    manifest = {"files": {n: {"sha256": sha256(folder / n), "bytes": (folder / n).stat().st_size} for n in files},
+def write_manifest(folder: Path, files: list[str], info: dict[str, Any],
+                   links: dict[str, str] | None = None) -> dict[str, Any]:
+    """Hash `files` (names inside `folder`) and write the manifest atomically. `links` lists files
+    kept in another folder: name -> path relative to `folder`, hashed like the others."""
+    entries = {n: n for n in files} | dict(links or {})
+    manifest = {"files": {n: {"sha256": sha256(folder / rel), "bytes": (folder / rel).stat().st_size}
+                          | ({"path": rel} if rel != n else {}) for n, rel in entries.items()},
                 **info}
     tmp = folder / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -47,9 +53,10 @@ def write_manifest(folder: Path, files: list[str], info: dict[str, Any]) -> dict
 
 
 def verified(name: str, folder: Path = WEIGHTS_DIR) -> Path:
-    """Path of weights file `name` after checking its sha256 against the manifest."""
+    """Path of weights file `name` after checking its sha256 against the manifest (a file the
+    manifest links to another folder is read there)."""
     entry = read_manifest(folder)["files"].get(name)
-    path = folder / name
+    path = folder / (entry or {}).get("path", name)
     if entry is None:
         raise WeightsError(f"{path} is not listed in {folder / MANIFEST}")
     if not path.is_file():
