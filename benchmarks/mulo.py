@@ -4,7 +4,7 @@ ablations (paper.md §10.2) on the same prompts.
     python benchmarks/mulo.py [--model shapes|shapes_x2|random] [--images 16] [--reps 2] [--fid]
                               [--quality-images 96] [--quality-batch 8]
                               [--ablations [--only ablation_upsampling ...]] [--diagnose]
-                              [--frontier] [--seed 2]
+                              [--frontier [--frontier-taus TAU ...]] [--seed 2]
                               [--device auto]
                               [--threads 1] [hydra overrides ...]
 
@@ -27,7 +27,8 @@ resampling and of the kept drafts moves with the window).
 
 --frontier times MuLo-SD at several operating points beside raster (resampler window 2, 3, 4,
 8, each with the configured acceptance rule and with k = 1, tau = 1, which resamples nearly every
-position after t0) and prints the issue's goal as a verdict: which rows give >= 4x fewer target
+position after t0; with --frontier-taus T1 T2 ..., the configured decoder at each acceptance
+threshold instead) and prints the issue's goal as a verdict: which rows give >= 4x fewer target
 forwards, >= 3x wall-clock and a GenEval gap of at least -0.02; the fastest row within the gap;
 the best gap among rows at >= 3x; and the rows on the speed-up / gap Pareto front.
 
@@ -226,9 +227,14 @@ def ablation_decoders(model: str, overrides: Sequence[str],
     return out
 
 
-def frontier_decoders(model: str, overrides: Sequence[str]) -> dict[str, Any]:
-    """{label: decoder}: raster, then MuLo-SD at every FRONTIER window x acceptance rule."""
+def frontier_decoders(model: str, overrides: Sequence[str], taus: Sequence[float] | None = None) -> dict[str, Any]:
+    """{label: decoder}: raster, then MuLo-SD at every FRONTIER window x acceptance rule, or, with
+    `taus`, at each acceptance threshold tau (k and everything else as configured)."""
     out: dict[str, Any] = {"raster": _build(compose_config(model, overrides).decoder.raster)}
+    if taus:
+        for tau in taus:
+            out[f"tau {tau:g}"] = mulo_variant(model, overrides, [f"accept.tau={tau}"])
+        return out
     for window in FRONTIER["windows"]:
         for suffix, rule in FRONTIER["rules"].items():
             out[f"window {window}{suffix}"] = mulo_variant(model, overrides, [f"resampler.window={window}", *rule])
@@ -342,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="add the table that splits MuLo-SD's quality loss (oracle drafter, resampler alone)")
     ap.add_argument("--frontier", action="store_true",
                     help="time MuLo-SD's resampler windows x acceptance rules and print the goal verdict")
+    ap.add_argument("--frontier-taus", type=float, nargs="+", default=None, metavar="TAU",
+                    help="with --frontier: sweep the acceptance threshold over these values instead")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED,
                     help="global seed of the timed and quality images (default: the held-out seed; "
                          "0 is the tuning sample the shipped defaults were chosen on)")
@@ -364,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     models = guided(bundle, decoders["raster"].sampling)
     if a.only and not a.ablations:
         ap.error("--only selects ablation tables: add --ablations")
+    if a.frontier_taus and not a.frontier:
+        ap.error("--frontier-taus selects the frontier's rows: add --frontier")
     if a.quality_images and a.quality_images < a.images:
         ap.error(f"--quality-images {a.quality_images} must be 0 or >= --images {a.images}")
     # shapes(n) is a prefix of shapes(m) for n < m: the timed images are the first quality images
@@ -384,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)
         if a.frontier:
-            rows = measure(frontier_decoders(a.model, overrides), models, specs, a.reps, device, evaluators,
+            rows = measure(frontier_decoders(a.model, overrides, a.frontier_taus), models, specs, a.reps, device, evaluators,
                            False, Path(tmp) / "frontier", quality, a.quality_batch)
             print(table("== frontier (batch 1)", rows), *goal_verdict(rows), sep="\n", flush=True)
         if a.diagnose:

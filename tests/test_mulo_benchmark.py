@@ -112,6 +112,16 @@ def test_frontier_decoders_cross_windows_with_rules() -> None:
         assert (decoder.accept.k, decoder.accept.tau) == rule, label
 
 
+def test_frontier_decoders_sweep_tau_when_given_taus() -> None:
+    configured = _build(compose_config("random", TINY).decoder.mulo_sd)
+    decoders = frontier_decoders("random", TINY, taus=[0.0, 0.05])
+    assert list(decoders) == ["raster", "tau 0", "tau 0.05"]
+    for label, tau in (("tau 0", 0.0), ("tau 0.05", 0.05)):
+        decoder = decoders[label]
+        assert decoder.accept.tau == tau and decoder.accept.k == configured.accept.k
+        assert decoder.resampler.window == configured.resampler.window
+
+
 def test_benchmark_images_default_to_a_seed_no_default_was_chosen_on(capsys) -> None:  # type: ignore[no-untyped-def]
     """The figures of record are drawn at the held-out seed, not at the harness's default (the
     tuning sample), and a Hydra `seed=` override is refused so that the seed has one spelling."""
