@@ -84,6 +84,16 @@ POOLING = {"k": (1, 4, 16, 64), "tau": (0.05, 0.1, 0.3)}
 FRONTIER = {"windows": (2, 3, 4, 8), "rules": {"": [], " k=1 tau=1": ["accept.k=1", "accept.tau=1.0"]}}
 GOAL = {"forwards": 4.0, "speedup": 3.0, "gap": -0.02}  # issue 5: vs raster, shapes-GenEval gap
 HELD_OUT_SEED = 2  # global seed of the benchmark's images: never used to choose weights or defaults
+GOAL_IMAGES = 1536  # quality images below which a verdict's gap cannot resolve the goal's 2 points
+
+
+def sample_note(images: int) -> str | None:
+    """A warning to print under a verdict read off fewer than GOAL_IMAGES quality images."""
+    if images >= GOAL_IMAGES:
+        return None
+    return (f"note: GenEval on {images} images cannot resolve the goal's 2-point gap (paired standard error "
+            f"about 0.012 at {GOAL_IMAGES}); score with --quality-images {GOAL_IMAGES} or "
+            "benchmarks/mulo_quality.py")
 
 
 def compose_config(model: str, overrides: Sequence[str], experiment: str | None = None) -> Any:
@@ -387,7 +397,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
                        quality, a.quality_batch)
         print(table("== main (batch 1)", rows), flush=True)
+        note = sample_note(len(quality) or len(specs))
         print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd")])[0], flush=True)
+        if note:
+            print(note, flush=True)
         if a.ablations:
             for title, decs in ablation_decoders(a.model, overrides, a.only).items():
                 rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,
@@ -396,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if a.frontier:
             rows = measure(frontier_decoders(a.model, overrides, a.frontier_taus), models, specs, a.reps, device, evaluators,
                            False, Path(tmp) / "frontier", quality, a.quality_batch)
-            print(table("== frontier (batch 1)", rows), *goal_verdict(rows), sep="\n", flush=True)
+            print(table("== frontier (batch 1)", rows), *goal_verdict(rows), *([note] if note else []), sep="\n",
+                  flush=True)
         if a.diagnose:
             rows = diagnose(a.model, overrides, models, quality or specs, device, evaluators["geneval"],
                             a.quality_batch, Path(tmp) / "diagnose")

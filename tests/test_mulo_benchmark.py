@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.mulo import (DIAGNOSES, FRONTIER, HELD_OUT_SEED, compose_config, decode_with_oracle,
-                             diagnose, frontier_decoders, goal_verdict, low_view, main, table, with_gaps)
+from benchmarks.mulo import (DIAGNOSES, FRONTIER, GOAL_IMAGES, HELD_OUT_SEED, compose_config, decode_with_oracle,
+                             diagnose, frontier_decoders, goal_verdict, low_view, main, sample_note, table,
+                             with_gaps)
 from harness.datasets import shapes
 from harness.run import _build, guided
 from harness.samples import plan
@@ -137,5 +138,9 @@ def test_benchmark_runs_at_the_seed_it_is_given(argv: list[str], seed: int, caps
     """The whole benchmark on a tiny random model: the configuration it decodes with carries the
     seed of --seed (the held-out one by default), as its header line reports."""
     main(["--model", "random", "--images", "1", "--reps", "1", *argv, *TINY])
-    header = capsys.readouterr().out.splitlines()[0]
-    assert header.endswith(f" seed={seed}"), header
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(f" seed={seed}"), lines[0]
+    # one quality image: the verdict is followed by the warning that it cannot resolve 2 points
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("goal ("))
+    assert lines[verdict + 1].startswith("note: GenEval on 1 images cannot resolve")
+    assert sample_note(GOAL_IMAGES) is None and sample_note(GOAL_IMAGES - 1) is not None

@@ -1,0 +1,159 @@
+"""Untimed quality sweep: shapes-GenEval of raster and of decoder variants on many prompts, each
+with its paired gap to raster (evaluators/geneval_rules.paired_difference). Decodes at a large
+batch (a GPU pays off here) and scores images in a process pool; no timing (benchmarks/mulo.py
+times decoders at batch 1).
+
+    python benchmarks/mulo_quality.py [--model shapes_x2] [--prompts 1536] [--seed 2]
+                                      [--batch 256] [--device auto] [--procs 8] [--out DIR]
+                                      [--variant NAME=DECODER[:OVERRIDE,...] ...]
+
+A variant names a decoder of the harness config (raster, zipar, mulo_sd, ...) and Hydra
+overrides of that decoder's keys, e.g. `tau0=mulo_sd:accept.tau=0.0,draft.window=8`. Raster
+always runs first. With --out, each row's per-image verdicts (sample_id, tag, correct) go to
+DIR/NAME.csv, so gaps between any two rows can be recomputed later. Images are drawn at the
+benchmark's held-out seed by default (benchmarks/mulo.py: tune at seed 0 or 1, quote seed 2),
+with per-image seeds, so a row does not depend on --batch (up to float rounding).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.decoders import decode_all  # noqa: E402
+from benchmarks.mulo import HELD_OUT_SEED, compose_config  # noqa: E402
+from evaluators.geneval import ShapesBackend  # noqa: E402
+from evaluators.geneval_rules import GenEvalRules, paired_difference  # noqa: E402
+from harness.datasets import shapes  # noqa: E402
+from harness.run import _build, _device, guided  # noqa: E402
+from harness.samples import SampleSpec, plan  # noqa: E402
+
+log = logging.getLogger("benchmarks.mulo_quality")
+
+# The x2 world's rows quoted in the README (MuLo-SD drafts with ZipAR window 8 on the 16-wide drafter).
+X2_VARIANTS = (
+    "zipar=zipar", "zipar16=zipar:window=16",
+    "mulo_sd=mulo_sd:draft.window=8",
+    "tau0=mulo_sd:draft.window=8,accept.tau=0.0",
+    "tau0_serial_draft=mulo_sd:draft.schedule=serial,accept.tau=0.0",
+    "local0=mulo_sd:draft.window=8,scope.radius=0",
+    "local0_serial=mulo_sd:draft.window=8,scope.radius=0,resampler.schedule=serial",
+    "k1tau1_w4=mulo_sd:draft.window=8,accept.k=1,accept.tau=1.0,resampler.window=4",
+)
+CHUNK = 32  # images per scoring task
+
+
+def parse_variant(text: str) -> tuple[str, str, list[str]]:
+    """'NAME=DECODER[:k=v,k=v]' -> (NAME, DECODER, ['decoder.DECODER.k=v', ...])."""
+    name, sep, rest = text.partition("=")
+    decoder, _, overrides = rest.partition(":")
+    if not sep or not name or not decoder or name == "raster":
+        raise ValueError(f"--variant {text!r}: expected NAME=DECODER[:KEY=VALUE,...] with NAME other than raster")
+    keys = [o for o in overrides.split(",") if o]
+    if any("=" not in k for k in keys):
+        raise ValueError(f"--variant {text!r}: every override needs KEY=VALUE")
+    return name, decoder, [f"decoder.{decoder}.{k}" for k in keys]
+
+
+def score_chunk(job: tuple[np.ndarray, list[dict[str, Any]]]) -> list[bool]:
+    """images [n, H, W, 3] uint8 and their prompts' meta -> GenEval verdict per image."""
+    images, metas = job
+    rules = GenEvalRules()
+    return [bool(rules.evaluate(d, m)[0]) for d, m in zip(ShapesBackend().detect(list(images)), metas)]
+
+
+@torch.inference_mode()
+def images_of(models: Any, tokens: torch.Tensor, batch: int) -> np.ndarray:
+    """tokens [n, N] -> images [n, H, W, 3] uint8, decoded `batch` at a time on the model's device."""
+    device = models.target.device
+    return np.concatenate([models.target.decode(tokens[i:i + batch].to(device)).permute(0, 2, 3, 1).cpu().numpy()
+                           for i in range(0, len(tokens), batch)])
+
+
+def verdicts(pool: Any, images: np.ndarray, specs: Sequence[SampleSpec]) -> pd.DataFrame:
+    """Per-image verdicts (sample_id, tag, correct), scored in `pool`."""
+    metas = [s.prompt.meta for s in specs]
+    jobs = [(images[i:i + CHUNK], metas[i:i + CHUNK]) for i in range(0, len(specs), CHUNK)]
+    correct = [c for part in pool.map(score_chunk, jobs) for c in part]
+    return pd.DataFrame({"sample_id": [s.sample_id for s in specs], "tag": [m["tag"] for m in metas],
+                         "correct": correct})
+
+
+def overall(frame: pd.DataFrame) -> float:
+    """GenEval overall: the unweighted mean of the per-tag accuracies."""
+    return float(frame.groupby("tag")["correct"].mean().mean())
+
+
+def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed: int, prompts: int,
+            batch: int, device: torch.device) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Decode every prompt with one decoder and score it: (verdicts, forwards and seconds)."""
+    cfg = compose_config(model, [*overrides, f"seed={seed}"])
+    if decoder_name not in cfg.decoder:
+        raise ValueError(f"no decoder {decoder_name!r}; the config has {sorted(cfg.decoder)}")
+    bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
+    decoder = _build(cfg.decoder[decoder_name])
+    models = guided(bundle, decoder.sampling)
+    specs = plan(shapes(prompts), images_per_prompt=1, global_seed=cfg.seed)
+    start = time.perf_counter()
+    _, tokens, stats = decode_all(decoder, models, specs, batch, device)
+    decoded = time.perf_counter() - start
+    frame = verdicts(pool, images_of(models, tokens, batch), specs)
+    n = len(stats)
+    return frame, {"target": sum(s.target_forwards for s in stats) / n,
+                   "drafter": sum(s.drafter_forwards for s in stats) / n,
+                   "decode_s": decoded, "score_s": time.perf_counter() - start - decoded}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["random", "shapes", "shapes_x2"], default="shapes_x2")
+    ap.add_argument("--prompts", type=int, default=1536)
+    ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="global seed of the images")
+    ap.add_argument("--batch", type=int, default=256, help="decode batch (one image seed per image)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--procs", type=int, default=2, help="processes scoring images")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for each row's per-image verdicts (CSV)")
+    ap.add_argument("--variant", action="append", default=None, metavar="NAME=DECODER[:K=V,...]",
+                    help="a row (repeatable; default: the x2 world's rows in the README)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for noisy in ("evaluators", "harness.samples", "baselines.upsamplers"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        rows = [("raster", "raster", []), *(parse_variant(v) for v in (a.variant or X2_VARIANTS))]
+    except ValueError as err:
+        ap.error(str(err))
+    if a.procs < 1 or a.prompts < 1 or a.batch < 1:
+        ap.error("--procs, --prompts and --batch must be >= 1")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+    device = _device(a.device)
+    print(f"model={a.model} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}", flush=True)
+    print(f"{'row':<20}{'target':>8}{'drafter':>9}{'geneval':>9}{'gap':>8}{'gap_se':>8}{'decode_s':>10}", flush=True)
+    # fork the scoring processes before the decoders touch a GPU
+    with get_context("fork").Pool(a.procs) as pool:
+        raster: pd.DataFrame | None = None
+        for name, decoder_name, overrides in rows:
+            frame, counts = run_row(pool, a.model, decoder_name, overrides, a.seed, a.prompts, a.batch, device)
+            raster = frame if raster is None else raster
+            gap, se = paired_difference(frame, raster)
+            if a.out:
+                frame.to_csv(a.out / f"{name}.csv", index=False)
+            print(f"{name:<20}{counts['target']:>8.1f}{counts['drafter']:>9.1f}{overall(frame):>9.3f}"
+                  f"{gap:>+8.3f}{se:>8.3f}{counts['decode_s']:>10.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""benchmarks/mulo_quality.py: variant parsing, and an end-to-end sweep on a tiny random model whose
+per-image verdicts must add up to the printed scores and gaps."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.mulo import compose_config  # noqa: E402
+from benchmarks.mulo_quality import X2_VARIANTS, main, overall, parse_variant  # noqa: E402
+from evaluators.geneval_rules import paired_difference  # noqa: E402
+
+
+def test_a_variant_names_a_decoder_and_its_overrides() -> None:
+    assert parse_variant("tau0=mulo_sd:accept.tau=0.0,draft.window=8") == (
+        "tau0", "mulo_sd", ["decoder.mulo_sd.accept.tau=0.0", "decoder.mulo_sd.draft.window=8"])
+    assert parse_variant("zipar=zipar") == ("zipar", "zipar", [])
+    for bad in ("zipar", "=zipar", "raster=raster", "x=mulo_sd:accept.tau"):
+        with pytest.raises(ValueError, match="--variant"):
+            parse_variant(bad)
+    assert all(parse_variant(v)[1] in ("zipar", "mulo_sd") for v in X2_VARIANTS)
+
+
+def test_sweep_writes_verdicts_that_give_the_printed_rows(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    main(["--model", "random", "--prompts", "6", "--batch", "4", "--procs", "1", "--device", "cpu",
+          "--out", str(tmp_path), "--variant", "tau0=mulo_sd:accept.tau=0.0", "--variant", "z2=zipar:window=2"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert list(rows) == ["raster", "tau0", "z2"]
+    raster = pd.read_csv(tmp_path / "raster.csv")
+    assert len(raster) == 6 and set(raster.columns) == {"sample_id", "tag", "correct"}
+    for name, fields in rows.items():
+        frame = pd.read_csv(tmp_path / f"{name}.csv")
+        gap, se = paired_difference(frame, raster)
+        assert float(fields[3]) == pytest.approx(overall(frame), abs=1e-3)
+        assert float(fields[4]) == pytest.approx(gap, abs=1e-3) and float(fields[5]) == pytest.approx(se, abs=1e-3)
+    tokens = compose_config("random", []).model.grid ** 2  # raster: one target forward per token
+    assert float(rows["raster"][1]) == tokens
+    assert float(rows["tau0"][1]) < tokens and float(rows["tau0"][2]) > 0  # drafts accepted, drafter ran
+
+
+def test_an_unknown_decoder_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no decoder 'nope'"):
+        main(["--model", "random", "--prompts", "2", "--procs", "1", "--device", "cpu", "--variant", "x=nope"])
