@@ -47,7 +47,9 @@ X2_VARIANTS = (
     "tau0_serial_draft=mulo_sd:draft.schedule=serial,accept.tau=0.0",
     "local0=mulo_sd:draft.window=8,scope.radius=0",
     "local0_serial=mulo_sd:draft.window=8,scope.radius=0,resampler.schedule=serial",
+    "local1=mulo_sd:draft.window=8,scope.radius=1",
     "k1tau1_w4=mulo_sd:draft.window=8,accept.k=1,accept.tau=1.0,resampler.window=4",
+    "k1tau1_w8=mulo_sd:draft.window=8,accept.k=1,accept.tau=1.0,resampler.window=8",
 )
 CHUNK = 32  # images per scoring task
 

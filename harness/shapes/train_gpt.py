@@ -294,7 +294,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
             _save_ckpt(ckpt, gpt, opt, step + 1)
     metrics = {"role": role, "steps": steps, "train_loss_ema": loss_ema,
                "heldout_loss": evaluate_loss(gpt, tokenizer, size, seed), "params": gpt.num_params(),
-               "image_size": size,
+               "image_size": size, "device": str(device), "torch": torch.__version__,
                "batch_size": batch_size, "lr": lr, "seed": seed, "focus_steps": focus_steps, "word_pos": word_pos,
                "rope_fraction": rope_fraction, "captions": captions, "named_order": named_order,
                "parallel_fraction": parallel_fraction, "parallel_windows": list(parallel_windows)}
