@@ -407,8 +407,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                quality, a.quality_batch)
                 print(table(f"== {title}", rows), flush=True)
         if a.frontier:
-            rows = measure(frontier_decoders(a.model, overrides, a.frontier_taus), models, specs, a.reps, device, evaluators,
-                           False, Path(tmp) / "frontier", quality, a.quality_batch)
+            frontier = frontier_decoders(a.model, overrides, a.frontier_taus)
+            rows = measure(frontier, models, specs, a.reps, device, evaluators, False, Path(tmp) / "frontier",
+                           quality, a.quality_batch)
             print(table("== frontier (batch 1)", rows), *goal_verdict(rows), *([note] if note else []), sep="\n",
                   flush=True)
         if a.diagnose:

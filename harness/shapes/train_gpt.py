@@ -89,16 +89,17 @@ def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
 class StepData(Dataset):
     """Everything step s of a run trains on, a function of (run settings, s) only: the batch
     (`batch`) and the parallel-decoding context gaps (parallel_masks.sample_gaps; compact, so
-    workers hand over kilobytes, and hidden_of builds the [B, N, N] masks where they are used). Index i is
-    step `start + i`; a DataLoader with workers renders steps ahead of the GPU in other
-    processes and yields exactly what the training process would compute itself."""
+    workers hand over kilobytes, and hidden_of builds the [B, N, N] masks where they are used).
+    Index i is step `start + i`; a DataLoader with workers renders steps ahead of the GPU in
+    other processes and yields exactly what the training process would compute itself."""
 
     def __init__(self, start: int, steps: int, *, seed: int, size: int, batch_size: int,
                  tokenizer: ShapesVQ, cond_dropout: float, focus_steps: int, focus_tags: tuple[str, ...],
                  tags: tuple[str, ...], captions: str, named_order: bool, grid: tuple[int, int],
                  parallel_fraction: float, parallel_windows: tuple[int, ...]) -> None:
         self.start, self.steps, self.seed, self.size, self.batch_size = start, steps, seed, size, batch_size
-        self.tokenizer, self.cond_dropout, self.captions, self.named_order = tokenizer, cond_dropout, captions, named_order
+        self.tokenizer, self.cond_dropout = tokenizer, cond_dropout
+        self.captions, self.named_order = captions, named_order
         self.focus_steps, self.focus_tags, self.tags, self.grid = focus_steps, focus_tags, tags, grid
         self.parallel_fraction, self.parallel_windows = parallel_fraction, parallel_windows
 
