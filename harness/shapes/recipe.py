@@ -9,7 +9,7 @@ contexts of parallel decoding), then the manifest.
 The x2 world (`model=shapes_x2`) doubles the resolution: a 32x32-token target at 128 px whose
 r = 2 drafter is the x1 world's 16x16 target, unchanged, and a small same-resolution drafter.
 Its two stages start from the x1 world's shipped weights (`--from-shipped` adopts them instead
-of retraining the x1 chain) and want a GPU (about 7 s per step at 128 px on 2 CPU cores):
+of retraining the x1 chain) and want a GPU (about 7 s per 32 images at 128 px on 2 CPU cores):
 
     python -m harness.shapes.recipe --out .cache/shapes_x2 --world x2 --from-shipped \
         --device cuda --workers 12 --install
