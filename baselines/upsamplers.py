@@ -55,7 +55,7 @@ def ratio(models: ModelBundle) -> int:
     return rows // lr
 
 
-def _resize(images: Tensor, size: tuple[int, int], mode: str) -> Tensor:
+def resize_images(images: Tensor, size: tuple[int, int], mode: str) -> Tensor:
     """uint8 [B, 3, H, W] -> uint8 [B, 3, *size]; anti-aliased when shrinking."""
     x = images.float()
     kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": size[0] < x.shape[-2]}
@@ -99,13 +99,13 @@ class PixelUpsampler:
     def up(self, low: Tensor, ctx: Context) -> Tensor:
         r = ratio(ctx.models)
         images = ctx.models.drafter.decode(low.flatten(1))
-        high = _resize(images, (images.shape[-2] * r, images.shape[-1] * r), self.mode)
+        high = resize_images(images, (images.shape[-2] * r, images.shape[-1] * r), self.mode)
         return ctx.models.target.encode(high).view(low.shape[0], *ctx.grid)
 
     def down(self, high: Tensor, ctx: Context) -> Tensor:
         r = ratio(ctx.models)
         images = ctx.models.target.decode(high.flatten(1))
-        low = _resize(images, (images.shape[-2] // r, images.shape[-1] // r), "bilinear")
+        low = resize_images(images, (images.shape[-2] // r, images.shape[-1] // r), "bilinear")
         return ctx.models.drafter.encode(low).view(high.shape[0], *ctx.models.drafter.grid)
 
 

@@ -31,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.decoders import decode_all  # noqa: E402
 from benchmarks.mulo import HELD_OUT_SEED, compose_config  # noqa: E402
-from evaluators.geneval import ShapesBackend  # noqa: E402
-from evaluators.geneval_rules import GenEvalRules, paired_difference  # noqa: E402
+from evaluators.geneval import GenEvalEvaluator  # noqa: E402
+from evaluators.geneval_rules import paired_difference, tag_accuracies  # noqa: E402
 from harness.datasets import shapes  # noqa: E402
 from harness.run import _build, _device, guided  # noqa: E402
 from harness.samples import SampleSpec, plan  # noqa: E402
@@ -52,6 +52,7 @@ X2_VARIANTS = (
     "k1tau1_w8=mulo_sd:draft.window=8,accept.k=1,accept.tau=1.0,resampler.window=8",
 )
 CHUNK = 32  # images per scoring task
+_EVALUATOR: GenEvalEvaluator | None = None  # the configured shapes-GenEval, set in each scoring process
 
 
 def parse_variant(text: str) -> tuple[str, str, list[str]]:
@@ -66,11 +67,17 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
     return name, decoder, [f"decoder.{decoder}.{k}" for k in keys]
 
 
+def _use(evaluator: GenEvalEvaluator) -> None:
+    global _EVALUATOR
+    _EVALUATOR = evaluator
+
+
 def score_chunk(job: tuple[np.ndarray, list[dict[str, Any]]]) -> list[bool]:
-    """images [n, H, W, 3] uint8 and their prompts' meta -> GenEval verdict per image."""
+    """images [n, H, W, 3] uint8 and their prompts' meta -> GenEval verdict per image, judged by
+    the configured evaluator (`evaluator=geneval_shapes`)."""
     images, metas = job
-    rules = GenEvalRules()
-    return [bool(rules.evaluate(d, m)[0]) for d, m in zip(ShapesBackend().detect(list(images)), metas)]
+    assert _EVALUATOR is not None, "score_chunk runs in a pool started with initializer=_use"
+    return [v.correct for v in _EVALUATOR.judge_images(list(images), metas)]
 
 
 @torch.inference_mode()
@@ -92,7 +99,7 @@ def verdicts(pool: Any, images: np.ndarray, specs: Sequence[SampleSpec]) -> pd.D
 
 def overall(frame: pd.DataFrame) -> float:
     """GenEval overall: the unweighted mean of the per-tag accuracies."""
-    return float(frame.groupby("tag")["correct"].mean().mean())
+    return tag_accuracies(frame["tag"].tolist(), frame["correct"].tolist())["overall"]
 
 
 def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed: int, prompts: int,
@@ -144,8 +151,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = _device(a.device)
     print(f"model={a.model} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}", flush=True)
     print(f"{'row':<20}{'target':>8}{'drafter':>9}{'geneval':>9}{'gap':>8}{'gap_se':>8}{'decode_s':>10}", flush=True)
+    evaluator = _build(compose_config(a.model, []).evaluator.geneval_shapes)
     # fork the scoring processes before the decoders touch a GPU
-    with get_context("fork").Pool(a.procs) as pool:
+    with get_context("fork").Pool(a.procs, initializer=_use, initargs=(evaluator,)) as pool:
         raster: pd.DataFrame | None = None
         for name, decoder_name, overrides in rows:
             frame, counts = run_row(pool, a.model, decoder_name, overrides, a.seed, a.prompts, a.batch, device)

@@ -20,9 +20,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from baselines.raster import RasterDecoder
+from baselines.upsamplers import resize_images
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import ModelBundle, Prompt, SamplingParams
@@ -31,6 +31,7 @@ from harness.run import guided
 from harness.seeding import image_seed
 from harness.shapes.bundle import load
 from harness.shapes.scenes import render, scene_for_caption
+from harness.shapes.weights import WORLDS
 
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 
@@ -72,9 +73,7 @@ def upsampled(bundle: ModelBundle, draft_images: np.ndarray, mode: str) -> np.nd
     """Drafter images [N, h, w, 3] -> resized to the target's size with `mode`, encoded and decoded
     by the target's tokenizer [N, H, W, 3] (the pixel up-sampler's proposal)."""
     size = bundle.target.grid[0] * 4
-    x = torch.from_numpy(draft_images).permute(0, 3, 1, 2).float()
-    kwargs = {"antialias": False, "align_corners": False} if mode == "bicubic" else {}
-    x = F.interpolate(x, size=(size, size), mode=mode, **kwargs).round().clamp(0, 255).to(torch.uint8)
+    x = resize_images(torch.from_numpy(draft_images).permute(0, 3, 1, 2), (size, size), mode)
     return reconstruct(bundle, x.permute(0, 2, 3, 1).numpy())
 
 
@@ -82,7 +81,7 @@ def upsampled(bundle: ModelBundle, draft_images: np.ndarray, mode: str) -> np.nd
 def agreement(bundle: ModelBundle, prompts: Sequence[Prompt], draft_images: np.ndarray) -> dict[str, float]:
     """Teacher-force the up-sampled drafts through the (unguided) target."""
     size = bundle.target.grid[0] * 4
-    up = F.interpolate(torch.from_numpy(draft_images).permute(0, 3, 1, 2), size=(size, size), mode="nearest")
+    up = resize_images(torch.from_numpy(draft_images).permute(0, 3, 1, 2), (size, size), "nearest")
     tokens = bundle.target.encode(up)  # [N, grid^2]
     gpt = bundle.target.gpt  # type: ignore[attr-defined]
     cond = bundle.condition([p.text for p in prompts])
@@ -102,7 +101,7 @@ def main() -> None:
     ap.add_argument("--cfg", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--weights", default=None, help="weights folder (default: the shipped weights)")
-    ap.add_argument("--world", default="x1", choices=["x1", "x2"], help="x2: the 32x32 world (model=shapes_x2)")
+    ap.add_argument("--world", default="x1", choices=sorted(WORLDS), help="x2: the 32x32 world (model=shapes_x2)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     prompts, bundle = shapes(a.prompts), load(a.weights, small_drafter=False, world=a.world)

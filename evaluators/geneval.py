@@ -209,19 +209,25 @@ class GenEvalEvaluator:
     def _judge_batch(self, samples: SampleSet, ids: Sequence[str],
                      metas: Sequence[dict[str, Any]]) -> list[ImageVerdict]:
         """Load, detect and judge one batch of samples."""
-        images = [samples.load_image(sample_id) for sample_id in ids]
-        batch = self.detector.detect(images)
+        return self.judge_images([samples.load_image(sample_id) for sample_id in ids], metas, ids)
+
+    def judge_images(self, images: Sequence[np.ndarray], metas: Sequence[dict[str, Any]],
+                     names: Sequence[str] | None = None) -> list[ImageVerdict]:
+        """Images in memory (uint8 [H, W, 3]) with their GenEval metadata -> one verdict each:
+        detect, keep by the rules' thresholds, judge. `names` label errors (default: positions)."""
+        batch = self.detector.detect(list(images))
         if len(batch) != len(images):
             raise ValueError(
                 f"detector {self.detector.name} returned {len(batch)} detection lists for "
                 f"{len(images)} images; detect() must return one list per image, in order"
             )
+        labels = list(names) if names is not None else [str(i) for i in range(len(images))]
         verdicts = []
-        for sample_id, image, detections, meta in zip(ids, images, batch, metas, strict=True):
+        for label, image, detections, meta in zip(labels, images, batch, metas, strict=True):
             try:
                 verdicts.append(self._judge(image, detections, meta))
             except ValueError as exc:
-                raise ValueError(f"sample {sample_id}: {exc}") from exc
+                raise ValueError(f"sample {label}: {exc}") from exc
         return verdicts
 
     def _judge(self, image: np.ndarray, detections: list[Detection],

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
     return TextCondition(null=null, ids=ids), tokens
 
 
+@dataclass
 class StepData(Dataset):
     """Everything step s of a run trains on, a function of (run settings, s) only: the batch
     (`batch`) and the parallel-decoding context gaps (parallel_masks.sample_gaps; compact, so
@@ -93,15 +94,21 @@ class StepData(Dataset):
     Index i is step `start + i`; a DataLoader with workers renders steps ahead of the GPU in
     other processes and yields exactly what the training process would compute itself."""
 
-    def __init__(self, start: int, steps: int, *, seed: int, size: int, batch_size: int,
-                 tokenizer: ShapesVQ, cond_dropout: float, focus_steps: int, focus_tags: tuple[str, ...],
-                 tags: tuple[str, ...], captions: str, named_order: bool, grid: tuple[int, int],
-                 parallel_fraction: float, parallel_windows: tuple[int, ...]) -> None:
-        self.start, self.steps, self.seed, self.size, self.batch_size = start, steps, seed, size, batch_size
-        self.tokenizer, self.cond_dropout = tokenizer, cond_dropout
-        self.captions, self.named_order = captions, named_order
-        self.focus_steps, self.focus_tags, self.tags, self.grid = focus_steps, focus_tags, tags, grid
-        self.parallel_fraction, self.parallel_windows = parallel_fraction, parallel_windows
+    start: int
+    steps: int
+    seed: int
+    size: int
+    batch_size: int
+    tokenizer: ShapesVQ
+    cond_dropout: float
+    focus_steps: int
+    focus_tags: tuple[str, ...]
+    tags: tuple[str, ...]
+    captions: str
+    named_order: bool
+    grid: tuple[int, int]
+    parallel_fraction: float
+    parallel_windows: tuple[int, ...]
 
     def __len__(self) -> int:
         return max(0, self.steps - self.start)
