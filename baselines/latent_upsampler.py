@@ -43,17 +43,24 @@ class LatentUpsampler(nn.Module):
     Args:
         codebook: [V, D] the tokenizer's code vectors (copied, frozen, l2-normalised).
         r: up-sampling ratio.
+        grid: the high-res token grid (rows, cols) it is trained for. Weights are tied to a world's
+            pixel scale, not only to r: an edge the drafter draws at 32 px and the target at 64 px
+            looks unlike one drawn at 64 and 128 px, so `check` refuses another grid.
         active: [V] bool, the codes the tokenizer's encoder may emit (None: all); tokens are chosen
             among these only, as the encoder would choose them.
         width, depth, kernel: hidden channels, residual row-causal blocks, kernel size.
         seed: initialisation seed (the module never touches the global RNG).
     """
 
-    def __init__(self, codebook: Tensor, r: int, width: int = 64, depth: int = 3, kernel: int = 3,
-                 seed: int = 0, active: Tensor | None = None) -> None:
+    def __init__(self, codebook: Tensor, r: int, grid: tuple[int, int], width: int = 64, depth: int = 3,
+                 kernel: int = 3, seed: int = 0, active: Tensor | None = None) -> None:
         super().__init__()
         v, d = codebook.shape
-        self.config = {"vocab": v, "code_dim": d, "r": r, "width": width, "depth": depth, "kernel": kernel}
+        rows, cols = (int(g) for g in grid)
+        if rows % r or cols % r:
+            raise ValueError(f"the high-res grid {(rows, cols)} must be divisible by r = {r}")
+        self.config = {"vocab": v, "code_dim": d, "r": r, "grid": [rows, cols], "width": width, "depth": depth,
+                       "kernel": kernel}
         self.register_buffer("codebook", F.normalize(codebook.detach().float(), dim=1))
         mask = torch.ones(v, dtype=torch.bool) if active is None else active.detach().to("cpu", torch.bool)
         if mask.shape != (v,) or not bool(mask.any()):
@@ -81,6 +88,11 @@ class LatentUpsampler(nn.Module):
     @property
     def r(self) -> int:
         return int(self.config["r"])
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        rows, cols = self.config["grid"]
+        return int(rows), int(cols)
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, h, w] -> code vectors [B, D, h, w]."""
@@ -111,11 +123,15 @@ class LatentUpsampler(nn.Module):
         """high [B, H, W] -> low [B, H/r, W/r] int64."""
         return self.logits(self.down_latents(high)).argmax(1)
 
-    def check(self, codebook: Tensor, r: int) -> None:
-        """Refuse weights trained for another tokenizer or ratio."""
+    def check(self, codebook: Tensor, r: int, grid: tuple[int, int]) -> None:
+        """Refuse weights trained for another tokenizer, ratio or high-res grid [rows, cols]."""
         if tuple(codebook.shape) != tuple(self.codebook.shape) or r != self.r:
             raise ValueError(f"learned up-sampler was trained for codebook {tuple(self.codebook.shape)} and "
                              f"r = {self.r}; these models have {tuple(codebook.shape)} and r = {r}")
+        if tuple(int(g) for g in grid) != self.grid:
+            raise ValueError(f"learned up-sampler was trained for a {self.grid[0]}x{self.grid[1]} high-res grid; "
+                             f"this target's grid is {grid[0]}x{grid[1]}: train one at that grid "
+                             "(python -m baselines.train_upsampler --target-size PIXELS)")
         if not torch.allclose(F.normalize(codebook.float(), dim=1), self.codebook.cpu(), atol=1e-5):
             raise ValueError("learned up-sampler was trained for another tokenizer (its codebook differs)")
 
@@ -135,9 +151,13 @@ def save_upsampler(module: LatentUpsampler, path: Path, extra: dict[str, object]
 def load_upsampler(path: str | Path) -> LatentUpsampler:
     """Rebuild a LatentUpsampler from `save_upsampler`'s file (strict)."""
     with safe_open(str(path), framework="pt", device="cpu") as f:
-        config = json.loads((f.metadata() or {})["config"])
+        config = json.loads((f.metadata() or {}).get("config", "{}"))
         state = {k: f.get_tensor(k) for k in f.keys()}
-    module = LatentUpsampler(state["codebook"], config["r"], width=config["width"], depth=config["depth"],
-                             kernel=config["kernel"], active=state.get("active"))
+    missing = {"r", "grid", "width", "depth", "kernel"} - set(config)
+    if missing:
+        raise ValueError(f"{path} is not a learned up-sampler file of this version (its config lacks "
+                         f"{sorted(missing)}): retrain it with python -m baselines.train_upsampler")
+    module = LatentUpsampler(state["codebook"], config["r"], tuple(config["grid"]), width=config["width"],
+                             depth=config["depth"], kernel=config["kernel"], active=state.get("active"))
     module.load_state_dict(state, strict=True)
     return module

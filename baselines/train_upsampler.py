@@ -12,8 +12,14 @@ Every objective also trains the down-sampler head with cross-entropy against the
 scene rendered at the drafter's resolution. Data: freshly sampled scenes, batch s of seed S is a
 pure function of (S, s); the module's and the discriminator's initialisations are seeded.
 
+Weights are trained for one world's pixel scale (`--target-size`, the target's image size: 64 px
+on the x1 shapes world, 128 on x2) and record their high-res grid; the shipped ones are
+baselines/weights/upsampler_<objective>_<rows>x<cols>.safetensors:
+
     python -m baselines.train_upsampler --objective gan --steps 600 \
-        --out baselines/weights/upsampler_gan.safetensors
+        --out baselines/weights/upsampler_gan_16x16.safetensors
+    python -m baselines.train_upsampler --objective gan --steps 1200 --target-size 128 \
+        --device cuda --out baselines/weights/upsampler_gan_32x32.safetensors
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from torch import Tensor, nn
 
 from baselines.latent_upsampler import LatentUpsampler, save_upsampler
 from harness.shapes import scenes
-from harness.shapes.vq import ShapesVQ, load_tokenizer, to_float
+from harness.shapes.vq import DOWNSAMPLE, ShapesVQ, load_tokenizer, to_float
 
 log = logging.getLogger(__name__)
 
@@ -93,24 +99,31 @@ def up_loss(module: LatentUpsampler, vq: ShapesVQ, objective: str, low: Tensor, 
 def train(vq: ShapesVQ, objective: str, *, steps: int, batch_size: int = 32, lr: float = 1e-3,
           seed: int = 0, r: int = 2, target_size: int = 64, width: int = 64, depth: int = 3,
           perceptual_weight: float = 0.5, commit_weight: float = 0.25, gan_weight: float = 0.1,
-          gan_start: float = 0.3, log_every: int = 50,
+          gan_start: float = 0.3, log_every: int = 50, device: str | torch.device = "cpu",
           out: Path | None = None) -> tuple[LatentUpsampler, dict[str, Any]]:
-    """Train one up-sampler; returns it and its held-out metrics (saved to `out` if given)."""
+    """Train one up-sampler for images of `target_size` px on `device`; returns it (on the CPU) and
+    its held-out metrics (saved to `out` if given)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    vq = vq.eval().requires_grad_(False)
-    module = LatentUpsampler(vq.codebook.detach(), r, width=width, depth=depth, seed=seed, active=vq.active)
+    if target_size % (DOWNSAMPLE * r):
+        raise ValueError(f"target size must be a multiple of {DOWNSAMPLE * r} px (tokenizer stride x r), "
+                         f"got {target_size}")
+    device = torch.device(device)
+    vq = vq.eval().requires_grad_(False).to(device)
+    grid = (target_size // DOWNSAMPLE, target_size // DOWNSAMPLE)
+    module = LatentUpsampler(vq.codebook.detach().cpu(), r, grid, width=width, depth=depth, seed=seed,
+                             active=vq.active).to(device)
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     disc, d_opt = None, None
     if objective == "gan":
         with torch.random.fork_rng():
             torch.manual_seed(seed + 1)
-            disc = PatchDiscriminator()
+            disc = PatchDiscriminator().to(device)
         d_opt = torch.optim.AdamW(disc.parameters(), lr=lr, betas=(0.5, 0.9))
     weights = {"perceptual": perceptual_weight, "commit": commit_weight}
     started = time.time()
     for step in range(steps):
-        high_img, low_img = scene_pairs(seed, step, batch_size, target_size, r)
+        high_img, low_img = (x.to(device) for x in scene_pairs(seed, step, batch_size, target_size, r))
         with torch.no_grad():
             high, low = vq.encode(high_img), vq.encode(low_img)
         image = to_float(high_img)
@@ -135,7 +148,9 @@ def train(vq: ShapesVQ, objective: str, *, steps: int, batch_size: int = 32, lr:
             log.info("step %d/%d loss %.4f down %.4f %s (%.0fs)", step + 1, steps, float(loss), float(down),
                      " ".join(f"{k} {v:.4f}" for k, v in terms.items()), time.time() - started)
     metrics = evaluate(module, vq, r, target_size)
-    metrics.update(objective=objective, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+    metrics.update(objective=objective, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                   target_size=target_size, device=device.type, torch=torch.__version__)
+    module = module.cpu()
     if out is not None:
         save_upsampler(module, out, metrics)
         log.info("saved %s: %s", out, metrics)
@@ -146,7 +161,8 @@ def train(vq: ShapesVQ, objective: str, *, steps: int, batch_size: int = 32, lr:
 def evaluate(module: LatentUpsampler, vq: ShapesVQ, r: int, target_size: int, n: int = 64) -> dict[str, Any]:
     """Held-out token accuracy of up- and down-sampling and the pixel MSE of the up-sampled image."""
     module.eval()
-    high_img, low_img = scene_pairs(EVAL_SEED, 0, n, target_size, r)
+    device = module.codebook.device
+    high_img, low_img = (x.to(device) for x in scene_pairs(EVAL_SEED, 0, n, target_size, r))
     high, low = vq.encode(high_img), vq.encode(low_img)
     up = module.upsample_tokens(low)
     recon = to_float(vq.decode(up))
@@ -166,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target-size", type=int, default=64,
+                    help="the target's image size in px: 64 (x1 shapes world), 128 (x2)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -175,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         from harness.shapes.weights import verified
         a.tokenizer = verified("tokenizer.safetensors")
     train(load_tokenizer(a.tokenizer), a.objective, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-          seed=a.seed, out=a.out)
+          seed=a.seed, target_size=a.target_size, device=a.device, out=a.out)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Each class pairs `up` and `down`; `r` is the ratio of the target's grid to the d
              decode -> anti-aliased resize -> encode.
     learned  a trained latent up-sampler (baselines/latent_upsampler.py): masked row-causal
              convolution + pixel shuffle over code vectors; its strided-convolution head is the
-             down-sampler.
+             down-sampler. Weights belong to one high-res grid (one world's pixel scale).
 Tokens cross models only through `ctx.models` (drafter and target share the tokenizer's codebook).
 """
 from __future__ import annotations
@@ -31,7 +31,18 @@ log = logging.getLogger(__name__)
 RESIZE_MODES = ("bicubic", "bilinear", "nearest")
 KINDS = ("nearest", "pixel", "learned")
 OBJECTIVES = ("ce", "pixel", "gan")
-WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped: upsampler_<objective>.safetensors
+WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped: upsampler_<objective>_<rows>x<cols>.safetensors
+
+
+def shipped_weights(objective: str, grid: tuple[int, int]) -> Path:
+    """The shipped learned up-sampler of `objective` for a target with token grid (rows, cols)."""
+    return WEIGHTS_DIR / f"upsampler_{objective}_{grid[0]}x{grid[1]}.safetensors"
+
+
+def _missing_weights(path: str | Path, objective: str, detail: str = "") -> ValueError:
+    return ValueError(f"decoder draft.upsampler.weights={str(path)!r} does not exist{detail}: train it with "
+                      f"`python -m baselines.train_upsampler --objective {objective} --target-size PIXELS "
+                      f"--out {path}` or set weights=null for an untrained (smoke-test) module")
 
 
 class UpSampler(Protocol):
@@ -114,8 +125,9 @@ class LearnedUpsampler:
     baselines/train_upsampler.py).
 
     Args:
-        weights: "shipped" (baselines/weights/upsampler_<objective>.safetensors), a path to a
-            .safetensors file, or null: an untrained module (seeded; smoke tests only).
+        weights: "shipped" (baselines/weights/upsampler_<objective>_<rows>x<cols>.safetensors for
+            the target's token grid: 16x16 for model=shapes, 32x32 for model=shapes_x2), a path
+            to a .safetensors file, or null: an untrained module (seeded; smoke tests only).
         objective: the training objective of the shipped weights: ce | pixel | gan.
     """
 
@@ -125,12 +137,8 @@ class LearnedUpsampler:
         if objective not in OBJECTIVES:
             raise ValueError(f"decoder draft.upsampler.objective must be one of {OBJECTIVES}, "
                              f"got {objective!r}")
-        if weights == "shipped":
-            weights = str(WEIGHTS_DIR / f"upsampler_{objective}.safetensors")
-        if weights is not None and not Path(weights).is_file():
-            raise ValueError(f"decoder draft.upsampler.weights={weights!r} does not exist: train it with "
-                             f"`python -m baselines.train_upsampler --objective {objective} --out {weights}` "
-                             "or set weights=null for an untrained (smoke-test) module")
+        if weights not in (None, "shipped") and not Path(weights).is_file():
+            raise _missing_weights(weights, objective)
         self.weights = weights
         self.objective = objective
         self._module: LatentUpsampler | None = None
@@ -139,12 +147,16 @@ class LearnedUpsampler:
         """The module on ctx.device (loaded once), checked against the models' codebook."""
         if self._module is None:
             codebook = ctx.models.target.codebook.detach().float().cpu()
+            grid = tuple(ctx.models.target.grid)
             if self.weights is None:
                 log.warning("learned up-sampler without weights: an untrained module (smoke tests only)")
-                self._module = LatentUpsampler(codebook, ratio(ctx.models), seed=0)
+                self._module = LatentUpsampler(codebook, ratio(ctx.models), grid, seed=0)
             else:
-                self._module = load_upsampler(self.weights)
-                self._module.check(codebook, ratio(ctx.models))
+                path = shipped_weights(self.objective, grid) if self.weights == "shipped" else Path(self.weights)
+                if not path.is_file():
+                    raise _missing_weights(path, self.objective, f" (none is shipped for a {grid[0]}x{grid[1]} grid)")
+                self._module = load_upsampler(path)
+                self._module.check(codebook, ratio(ctx.models), grid)
             self._module.eval()
         return self._module.to(ctx.device)
 

@@ -131,3 +131,31 @@ def test_x2_target_samples_score_above_a_floor() -> None:
     rules = GenEvalRules()
     correct = [rules.evaluate(d, p.meta)[0] for d, p in zip(ShapesBackend().detect(list(images)), prompts)]
     assert float(np.mean(correct)) >= 0.6, f"x2 target scores {np.mean(correct):.2f} on 12 prompts"
+
+
+@pytest.mark.parametrize("objective", ["ce", "pixel", "gan"])
+def test_learned_upsampler_takes_the_weights_trained_for_the_targets_grid(objective: str) -> None:
+    """`weights: shipped` resolves by the target's grid: the x1 world's 16x16 weights on model=shapes,
+    the 32x32 ones (trained at 128 px) on model=shapes_x2; weights of one grid refuse the other."""
+    from baselines.canvas import Context
+    from baselines.latent_upsampler import load_upsampler
+    from baselines.upsamplers import LearnedUpsampler, shipped_weights
+
+    for world, grid in (("x1", (16, 16)), ("x2", (32, 32))):
+        bundle = load(world=world, small_drafter=False)
+        ctx = Context(models=bundle, cond=None, sampling=SamplingParams(), gens=[],  # type: ignore[arg-type]
+                      device=torch.device("cpu"))
+        up = LearnedUpsampler("shipped", objective)
+        assert up.module(ctx).grid == grid
+        low = torch.randint(bundle.target.codebook.shape[0], (2, grid[0] // 2, grid[1] // 2),
+                            generator=torch.Generator().manual_seed(0))
+        high = up.up(low, ctx)
+        assert high.shape == (2, *grid) and up.down(high, ctx).shape == low.shape
+    x1 = load_upsampler(shipped_weights(objective, (16, 16)))
+    with pytest.raises(ValueError, match="trained for a 16x16 high-res grid; this target's grid is 32x32"):
+        x1.check(bundle.target.codebook.detach().float().cpu(), 2, (32, 32))
+    with pytest.raises(ValueError, match="none is shipped for a 8x8 grid"):
+        tiny = load(world="x1", small_drafter=False)
+        tiny.target.grid = (8, 8)  # a target no up-sampler was trained for
+        LearnedUpsampler("shipped", objective).module(Context(models=tiny, cond=None, sampling=SamplingParams(),
+                                                               gens=[], device=torch.device("cpu")))  # type: ignore[arg-type]

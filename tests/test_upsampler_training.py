@@ -20,7 +20,8 @@ def _tiny_vq() -> ShapesVQ:
 
 
 def test_upsampled_rows_never_depend_on_later_low_res_rows() -> None:
-    module = LatentUpsampler(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), r=2, width=8)
+    module = LatentUpsampler(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), r=2, grid=(8, 8),
+                             width=8)
     low = torch.randint(16, (1, 4, 4), generator=torch.Generator().manual_seed(1))
     changed = low.clone()
     changed[0, 2:] = (changed[0, 2:] + 1) % 16  # rows 2 and 3 differ
@@ -46,8 +47,12 @@ def test_each_objective_trains_and_round_trips(objective: str, tmp_path: Path) -
     loaded = load_upsampler(out)
     low = torch.randint(16, (2, 4, 4), generator=torch.Generator().manual_seed(2))
     assert torch.equal(loaded.upsample_tokens(low), module.eval().upsample_tokens(low))
+    assert loaded.grid == (8, 8) and metrics["target_size"] == 32
     with pytest.raises(ValueError, match="codebook"):
-        loaded.check(torch.randn(32, 4), 2)
+        loaded.check(torch.randn(32, 4), 2, (8, 8))
+    loaded.check(loaded.codebook, 2, (8, 8))
+    with pytest.raises(ValueError, match="8x8 high-res grid; this target's grid is 16x16"):
+        loaded.check(loaded.codebook, 2, (16, 16))
 
 
 def test_tokens_come_only_from_the_tokenizers_active_codes(tmp_path: Path) -> None:
@@ -55,11 +60,11 @@ def test_tokens_come_only_from_the_tokenizers_active_codes(tmp_path: Path) -> No
     and the mask survives a save/load round trip."""
     codebook = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
     low = torch.randint(16, (2, 4, 4), generator=torch.Generator().manual_seed(1))
-    free = LatentUpsampler(codebook, r=2, width=8).upsample_tokens(low)
+    free = LatentUpsampler(codebook, r=2, grid=(8, 8), width=8).upsample_tokens(low)
     emitted = free.unique()
     assert len(emitted) > 1
     active = ~torch.isin(torch.arange(16), emitted[1:])  # of the codes it emits, keep only the first
-    module = LatentUpsampler(codebook, r=2, width=8, active=active)
+    module = LatentUpsampler(codebook, r=2, grid=(8, 8), width=8, active=active)
     up = module.upsample_tokens(low)
     assert active[up].all() and active[module.downsample_tokens(up)].all()
     assert not torch.equal(up, free)
@@ -69,4 +74,4 @@ def test_tokens_come_only_from_the_tokenizers_active_codes(tmp_path: Path) -> No
     trained, _ = train(vq, "ce", steps=2, batch_size=2, target_size=32, width=8, depth=1, log_every=0, out=out)
     assert torch.equal(load_upsampler(out).active, vq.active) and torch.equal(trained.active, vq.active)
     with pytest.raises(ValueError, match="non-empty bool mask"):
-        LatentUpsampler(codebook, r=2, active=torch.zeros(16, dtype=torch.bool))
+        LatentUpsampler(codebook, r=2, grid=(8, 8), active=torch.zeros(16, dtype=torch.bool))
