@@ -3,12 +3,15 @@
 1. detector accuracy (share of images whose own caption passes GenEval's rules) on ground-truth
    renders and on tokenizer reconstructions, at the target's size (64 px; x2 world 128 px) and the
    drafter's (32 px; x2 world 64 px);
-2. shapes-GenEval of raster samples from the target (with and without CFG) and from the drafter,
-   and of the drafter's samples up-sampled to the target's size (bicubic and nearest resize, each
-   re-encoded: what MuLo-SD's pixel up-sampler proposes);
+2. shapes-GenEval of raster samples from the target (with and without CFG) and from the drafter;
 3. drafter-target agreement: the drafter's samples up-sampled to the target grid (decode ->
    nearest resize -> encode), teacher-forced through the target: mean target probability of the
-   up-sampled draft tokens and the share where the draft token is the target's argmax.
+   up-sampled draft tokens and the share where the draft token is the target's argmax;
+4. per MuLo-SD up-sampler (baselines/upsamplers.py: pixel bicubic / nearest, token replication,
+   the learned ones shipped for the target's grid): shapes-GenEval of the drafter's samples
+   up-sampled (what tau = 0 keeps), and the share of their tokens that the pooled-threshold rule
+   would reject, teacher-forced through the CFG-guided target, at k in POOL_K and tau in POOL_TAU
+   (baselines/pooled.py). The drafter's samples are drawn serially (raster order).
 
     python benchmarks/shapes_world.py [--world x1|x2] [--prompts 96] [--cfg 3.0] [--threads 2]
 """
@@ -21,12 +24,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from baselines.canvas import Context
+from baselines.pooled import pooled_mass
 from baselines.raster import RasterDecoder
-from baselines.upsamplers import resize_images
+from baselines.upsamplers import build_upsampler, resize_images
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import ModelBundle, Prompt, SamplingParams
 from harness.datasets import shapes
+from harness.neighbours import neighbour_table
 from harness.run import guided
 from harness.seeding import image_seed
 from harness.shapes.bundle import load
@@ -34,6 +40,16 @@ from harness.shapes.scenes import render, scene_for_caption
 from harness.shapes.weights import WORLDS
 
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+UPSAMPLERS = {  # label -> build_upsampler keys
+    "pixel bicubic": {"kind": "pixel", "mode": "bicubic"},
+    "pixel nearest": {"kind": "pixel", "mode": "nearest"},
+    "token replication": {"kind": "nearest"},
+    "learned ce": {"kind": "learned", "objective": "ce"},
+    "learned pixel": {"kind": "learned", "objective": "pixel"},
+    "learned gan": {"kind": "learned", "objective": "gan"},
+}
+POOL_K = (1, 16, 64)
+POOL_TAU = (0.1, 1e-3)
 
 
 def score(images: np.ndarray, prompts: Sequence[Prompt]) -> dict[str, float]:
@@ -69,15 +85,6 @@ def raster_tokens(bundle: ModelBundle, prompts: Sequence[Prompt], cfg: float, dr
 
 
 @torch.inference_mode()
-def upsampled(bundle: ModelBundle, draft_images: np.ndarray, mode: str) -> np.ndarray:
-    """Drafter images [N, h, w, 3] -> resized to the target's size with `mode`, encoded and decoded
-    by the target's tokenizer [N, H, W, 3] (the pixel up-sampler's proposal)."""
-    size = bundle.target.grid[0] * 4
-    x = resize_images(torch.from_numpy(draft_images).permute(0, 3, 1, 2), (size, size), mode)
-    return reconstruct(bundle, x.permute(0, 2, 3, 1).numpy())
-
-
-@torch.inference_mode()
 def agreement(bundle: ModelBundle, prompts: Sequence[Prompt], draft_images: np.ndarray) -> dict[str, float]:
     """Teacher-force the up-sampled drafts through the (unguided) target."""
     size = bundle.target.grid[0] * 4
@@ -89,6 +96,46 @@ def agreement(bundle: ModelBundle, prompts: Sequence[Prompt], draft_images: np.n
     p_draft = p.gather(-1, tokens[..., None])[..., 0]
     return {"mean_p_target(draft)": float(p_draft.mean()),
             "argmax_match": float((p.argmax(-1) == tokens).float().mean())}
+
+
+@torch.inference_mode()
+def guided_probs(bundle: ModelBundle, prompts: Sequence[Prompt], tokens: torch.Tensor, cfg: float) -> torch.Tensor:
+    """Teacher-forced target distributions with CFG: tokens [N, L] -> p [N, L, V], where p[:, i]
+    is the target's distribution of token i given tokens[:, :i] (logits u + cfg * (c - u))."""
+    gpt = bundle.target.gpt  # type: ignore[attr-defined]
+    cond = bundle.condition([p.text for p in prompts]).with_null()
+    c, u = gpt.forward_train(cond, torch.cat([tokens, tokens])).chunk(2)
+    return (u + cfg * (c - u)).softmax(-1)
+
+
+def rejected_shares(p: torch.Tensor, tokens: torch.Tensor, codebook: torch.Tensor) -> dict[str, float]:
+    """p [N, L, V], draft tokens [N, L] -> {"k=K tau=T": share of tokens with pooled mass < T}."""
+    out = {}
+    for k in POOL_K:
+        mass = pooled_mass(p, tokens, neighbour_table(codebook, k - 1) if k > 1 else None)
+        out.update({f"k={k} tau={tau:g}": float((mass < tau).float().mean()) for tau in POOL_TAU})
+    return out
+
+
+@torch.inference_mode()
+def upsampler_rows(bundle: ModelBundle, prompts: Sequence[Prompt], low: torch.Tensor, cfg: float
+                   ) -> dict[str, dict[str, float]]:
+    """Drafter tokens low [N, n_low] -> {up-sampler: GenEval overall of the up-sampled draft and
+    its rejected shares}; learned up-samplers without weights for this grid are skipped."""
+    ctx = Context(models=bundle, cond=None, sampling=SamplingParams(cfg_scale=cfg), gens=[],  # type: ignore[arg-type]
+                  device=torch.device("cpu"))
+    rows = {}
+    for name, keys in UPSAMPLERS.items():
+        try:
+            high = build_upsampler(**keys).up(low.view(len(low), *bundle.drafter.grid), ctx).flatten(1)
+        except ValueError as err:  # no learned weights for this grid
+            print(f"{name}: skipped ({err})")
+            continue
+        p = guided_probs(bundle, prompts, high, cfg)
+        images = bundle.target.decode(high).permute(0, 2, 3, 1).numpy()
+        rows[name] = {"geneval": score(images, prompts)["overall"],
+                      **rejected_shares(p, high, bundle.target.codebook)}
+    return rows
 
 
 def row(name: str, scores: dict[str, float]) -> str:
@@ -115,11 +162,17 @@ def main() -> None:
     for cfg in (1.0, a.cfg):
         t = raster_tokens(bundle, prompts, cfg, drafter=False)
         print(row(f"target raster cfg={cfg}", score(bundle.target.decode(t).permute(0, 2, 3, 1).numpy(), prompts)))
-    draft = bundle.drafter.decode(raster_tokens(bundle, prompts, a.cfg, drafter=True)).permute(0, 2, 3, 1).numpy()
+    low = raster_tokens(bundle, prompts, a.cfg, drafter=True)
+    draft = bundle.drafter.decode(low).permute(0, 2, 3, 1).numpy()
     print(row(f"drafter raster cfg={a.cfg} ({small}px)", score(draft, prompts)))
-    for mode in ("bicubic", "nearest"):
-        print(row(f"  up-sampled {mode} ({big}px)", score(upsampled(bundle, draft, mode), prompts)))
     print("drafter -> target agreement:", {k: round(v, 3) for k, v in agreement(bundle, prompts, draft).items()})
+    shares = upsampler_rows(bundle, prompts, low, a.cfg)
+    keys = [f"k={k} tau={tau:g}" for k in POOL_K for tau in POOL_TAU]
+    print(f"\nup-sampled drafts ({big}px): GenEval, and the share of draft tokens the guided target "
+          f"(cfg {a.cfg}) gives a pooled mass below tau")
+    print(f"{'up-sampler':<20}{'geneval':>8}" + "".join(f"{k:>16}" for k in keys))
+    for name, values in shares.items():
+        print(f"{name:<20}{values['geneval']:>8.3f}" + "".join(f"{values[k]:>16.4f}" for k in keys))
 
 
 if __name__ == "__main__":

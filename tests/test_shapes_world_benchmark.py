@@ -1,0 +1,47 @@
+"""benchmarks/shapes_world.py's up-sampler table: the rejected shares are the pooled-threshold
+rule's (baselines/pooled.py) on the guided target, and every shipped up-sampler gets a row."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.shapes_world import (POOL_K, POOL_TAU, UPSAMPLERS, guided_probs, raster_tokens,  # noqa: E402
+                                     rejected_shares, upsampler_rows)
+from harness.datasets import shapes  # noqa: E402
+from harness.shapes.bundle import load  # noqa: E402
+from tests.single_thread import single_thread  # noqa: F401,E402  (autouse)
+
+
+def test_rejected_shares_fall_with_k_and_with_tau() -> None:
+    g = torch.Generator().manual_seed(0)
+    p = (4 * torch.randn(3, 40, 16, generator=g)).softmax(-1)  # peaked: some drafts fall under tau
+    tokens = torch.randint(16, (3, 40), generator=g)
+    codebook = torch.randn(16, 4, generator=g)
+    shares = rejected_shares(p, tokens, codebook)
+    assert set(shares) == {f"k={k} tau={t:g}" for k in POOL_K for t in POOL_TAU}
+    own = p.gather(-1, tokens[..., None])[..., 0]
+    assert shares["k=1 tau=0.1"] == float((own < 0.1).float().mean()) > 0
+    for tau in POOL_TAU:
+        ladder = [shares[f"k={k} tau={tau:g}"] for k in POOL_K]
+        assert ladder == sorted(ladder, reverse=True), ladder
+    for k in POOL_K:
+        assert shares[f"k={k} tau=0.1"] >= shares[f"k={k} tau=0.001"]
+    assert shares["k=64 tau=0.1"] == 0.0  # 64 neighbours cover all 16 codes: the pooled mass is 1
+
+
+def test_every_upsampler_gets_a_row_on_the_x1_world() -> None:
+    prompts = shapes(2)
+    bundle = load(world="x1", small_drafter=False)
+    low = raster_tokens(bundle, prompts, 1.5, drafter=True)
+    rows = upsampler_rows(bundle, prompts, low, 1.5)
+    assert set(rows) == set(UPSAMPLERS)
+    for values in rows.values():
+        assert 0.0 <= values["geneval"] <= 1.0
+        assert all(0.0 <= v <= 1.0 for k, v in values.items() if k.startswith("k="))
+    # the guided probabilities are distributions over the codebook, position by position
+    p = guided_probs(bundle, prompts, low.new_zeros(2, 256), 1.5)
+    assert p.shape == (2, 256, bundle.target.codebook.shape[0])
+    assert torch.allclose(p.sum(-1), torch.ones(2, 256), atol=1e-4)
