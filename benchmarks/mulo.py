@@ -5,7 +5,7 @@ ablations (paper.md §10.2) on the same prompts.
                               [--quality-images 96] [--quality-batch 8]
                               [--ablations [--only ablation_upsampling ...]] [--diagnose]
                               [--frontier [--frontier-taus TAU ...]] [--seed 2]
-                              [--device auto]
+                              [--no-main] [--device auto]
                               [--threads 1] [hydra overrides ...]
 
 Main table, per decoder: target / drafter forwards per image, the target's split into verify and
@@ -24,6 +24,9 @@ tau = 1 (drafts are kept only where the target is certain, so nearly everything 
 the resampler alone); each with the paper's parallel resampler and with serial resampling; and
 the real drafter and the resampler alone with a resampler window of 4 (how the cost of parallel
 resampling and of the kept drafts moves with the window).
+
+--no-main skips the main table, for a run of only the ablations, the frontier or the diagnosis
+(each of which has its own raster row).
 
 --frontier times MuLo-SD at several operating points beside raster (resampler window 2, 3, 4,
 8, each with the configured acceptance rule and with k = 1, tau = 1, which resamples nearly every
@@ -360,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="time MuLo-SD's resampler windows x acceptance rules and print the goal verdict")
     ap.add_argument("--frontier-taus", type=float, nargs="+", default=None, metavar="TAU",
                     help="with --frontier: sweep the acceptance threshold over these values instead")
+    ap.add_argument("--no-main", action="store_true",
+                    help="skip the main table (with --ablations, --frontier or --diagnose)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED,
                     help="global seed of the timed and quality images (default: the held-out seed; "
                          "0 is the tuning sample the shipped defaults were chosen on)")
@@ -384,6 +389,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--only selects ablation tables: add --ablations")
     if a.frontier_taus and not a.frontier:
         ap.error("--frontier-taus selects the frontier's rows: add --frontier")
+    if a.no_main and not (a.ablations or a.frontier or a.diagnose):
+        ap.error("--no-main leaves nothing to run: add --ablations, --frontier or --diagnose")
     if a.quality_images and a.quality_images < a.images:
         ap.error(f"--quality-images {a.quality_images} must be 0 or >= --images {a.images}")
     # shapes(n) is a prefix of shapes(m) for n < m: the timed images are the first quality images
@@ -394,13 +401,14 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"threads={torch.get_num_threads()} sampling={decoders['raster'].sampling} "
           f"quality_images={len(quality) or a.images} seed={cfg.seed}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
-                       quality, a.quality_batch)
-        print(table("== main (batch 1)", rows), flush=True)
         note = sample_note(len(quality) or len(specs))
-        print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd")])[0], flush=True)
-        if note:
-            print(note, flush=True)
+        if not a.no_main:
+            rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
+                           quality, a.quality_batch)
+            print(table("== main (batch 1)", rows), flush=True)
+            print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd")])[0], flush=True)
+            if note:
+                print(note, flush=True)
         if a.ablations:
             for title, decs in ablation_decoders(a.model, overrides, a.only).items():
                 rows = measure(decs, models, specs, a.reps, device, evaluators, False, Path(tmp) / title,

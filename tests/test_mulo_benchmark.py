@@ -144,3 +144,13 @@ def test_benchmark_runs_at_the_seed_it_is_given(argv: list[str], seed: int, caps
     verdict = next(i for i, line in enumerate(lines) if line.startswith("goal ("))
     assert lines[verdict + 1].startswith("note: GenEval on 1 images cannot resolve")
     assert sample_note(GOAL_IMAGES) is None and sample_note(GOAL_IMAGES - 1) is not None
+
+
+def test_no_main_runs_only_the_tables_asked_for(capsys) -> None:  # type: ignore[no-untyped-def]
+    main(["--model", "random", "--images", "1", "--reps", "1", "--no-main", "--frontier", *TINY,
+          "--frontier-taus", "0"])  # overrides before --frontier-taus, which takes every number after it
+    out = capsys.readouterr().out
+    assert "== main" not in out and "== frontier" in out
+    with pytest.raises(SystemExit):
+        main(["--model", "random", "--no-main", *TINY])
+    assert "--no-main leaves nothing to run" in capsys.readouterr().err
