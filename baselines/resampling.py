@@ -12,7 +12,12 @@ Queries attend slot-causally; the two open points of the paper are options:
     kv       "refresh": the kept drafts after t0, whose K/V were computed next to rejected drafts,
              are re-encoded by the next verification forward (kv_valid = t0);
              "stale": they keep those K/V; the next verification re-feeds only from the first
-             redrawn token whose K/V was never written (those of the last step).
+             redrawn token whose K/V was never written (those of the last step);
+             "inline": each kept draft after t0 is re-fed by the first resampling forward after
+             every redrawn position before it is drawn, so the resampler never attends to a K/V
+             computed next to a rejected draft (wider forwards, no extra ones; serial resampling
+             then decodes like raster with the kept drafts forced).
+             Under "refresh" and "stale" the resampler itself reads the kept drafts' old K/V.
 Every image draws L uniforms per call whatever its batch, so images do not depend on the batch.
 """
 from __future__ import annotations
@@ -29,7 +34,7 @@ from harness.sampling import probs, uniforms
 
 SCHEDULES = ("serial", "parallel")
 CONTEXTS = ("visible", "masked")
-KV_MODES = ("refresh", "stale")
+KV_MODES = ("refresh", "stale", "inline")
 
 
 def draw(p: Tensor, u: Tensor) -> Tensor:
@@ -59,7 +64,7 @@ class IslandResampler:
         window: parallel only: tokens an island row needs before the next row starts (>= 1;
             >= the grid's cols decodes each island in raster order).
         context: "visible" or "masked" (not-yet-resampled positions as context).
-        kv: "refresh" or "stale" (K/V of kept drafts after t0).
+        kv: "refresh", "stale" or "inline" (K/V of kept drafts after t0).
     """
 
     def __init__(self, schedule: str = "parallel", window: int = 2, context: str = "masked",
@@ -86,16 +91,31 @@ class IslandResampler:
             steps, labels = island_steps(res.resample, res.first, start, ctx.grid, self.window)
         u = uniforms(ctx.gens, (length,), ctx.device)  # L draws per image, used or not
         forwards = steps.max(-1).values + 1  # [B]
+        ready = self._kept_ready(steps, res.first) if self.kv == "inline" else None
         for s in range(int(forwards.max())):
-            self._forward(ctx, canvas, steps, res.first, s, u)
+            self._forward(ctx, canvas, steps, res.first, s, u, ready)
         self._count(ctx, res, labels, forwards)
         return replace(res, kv_valid=self._kv_valid(res, steps, forwards)), forwards
 
-    def _forward(self, ctx: Context, canvas: Canvas, steps: Tensor, first: Tensor, s: int, u: Tensor) -> None:
-        """One target forward: draw every offset of step s (steps [B, L]) into the canvas."""
+    @staticmethod
+    def _kept_ready(steps: Tensor, first: Tensor) -> Tensor:
+        """steps [B, L], first [B] -> [B, L]: the step at which each kept draft after t0 is re-fed
+        (one past the last step drawing a position before it; every redrawn position before it is
+        then final), -1 for every other offset."""
+        offsets = torch.arange(steps.shape[1], device=steps.device)
+        before = torch.cat([torch.full_like(steps[:, :1], -1), steps[:, :-1]], 1).cummax(1).values
+        kept = (steps < 0) & (offsets[None] > first[:, None])
+        return torch.where(kept, before + 1, -1)
+
+    def _forward(self, ctx: Context, canvas: Canvas, steps: Tensor, first: Tensor, s: int, u: Tensor,
+                 ready: Tensor | None = None) -> None:
+        """One target forward: draw every offset of step s (steps [B, L]) into the canvas; with
+        `ready` [B, L] (kv "inline") also re-feed the kept drafts whose turn is step s."""
         start, (b, length) = canvas.frontier, steps.shape
         offsets = torch.arange(length, device=start.device)
         fresh = (steps == s - 1) if s else (offsets[None] == first[:, None])
+        if ready is not None:
+            fresh = fresh | (ready == s)
         drawn = steps == s
         queries = torch.cat([drawn[:, 1:], torch.zeros_like(drawn[:, :1])], 1)  # offset o predicts o + 1
         feed, feed_ok = pack(fresh | queries)
@@ -136,6 +156,9 @@ class IslandResampler:
         offsets = torch.arange(length, device=steps.device)
         unfed = (steps == (forwards - 1)[:, None]) & (steps >= 0)  # drawn in the last forward
         unfed |= (offsets[None] == res.first[:, None]) & (forwards == 0)[:, None]  # t0, never fed
+        if self.kv == "inline":  # kept drafts after the last redrawn position were never re-fed
+            ready = self._kept_ready(steps, res.first)
+            unfed |= (ready >= 0) & (ready >= forwards[:, None])
         earliest = torch.where(unfed, offsets, length).min(-1).values
         return torch.minimum(earliest, (res.advance - 1).clamp_min(0))
 
