@@ -91,20 +91,20 @@ class IslandResampler:
             steps, labels = island_steps(res.resample, res.first, start, ctx.grid, self.window)
         u = uniforms(ctx.gens, (length,), ctx.device)  # L draws per image, used or not
         forwards = steps.max(-1).values + 1  # [B]
-        ready = self._kept_ready(steps, res.first) if self.kv == "inline" else None
+        ready = self._kept_ready(steps, res) if self.kv == "inline" else None
         for s in range(int(forwards.max())):
             self._forward(ctx, canvas, steps, res.first, s, u, ready)
         self._count(ctx, res, labels, forwards)
-        return replace(res, kv_valid=self._kv_valid(res, steps, forwards)), forwards
+        return replace(res, kv_valid=self._kv_valid(res, steps, forwards, ready)), forwards
 
     @staticmethod
-    def _kept_ready(steps: Tensor, first: Tensor) -> Tensor:
-        """steps [B, L], first [B] -> [B, L]: the step at which each kept draft after t0 is re-fed
+    def _kept_ready(steps: Tensor, res: Resolution) -> Tensor:
+        """steps [B, L] -> [B, L]: the step at which each kept draft after t0 (res.keep) is re-fed
         (one past the last step drawing a position before it; every redrawn position before it is
         then final), -1 for every other offset."""
         offsets = torch.arange(steps.shape[1], device=steps.device)
         before = torch.cat([torch.full_like(steps[:, :1], -1), steps[:, :-1]], 1).cummax(1).values
-        kept = (steps < 0) & (offsets[None] > first[:, None])
+        kept = res.keep & (offsets[None] > res.first[:, None])
         return torch.where(kept, before + 1, -1)
 
     def _forward(self, ctx: Context, canvas: Canvas, steps: Tensor, first: Tensor, s: int, u: Tensor,
@@ -148,16 +148,16 @@ class IslandResampler:
         hidden.scatter_(1, index, pending)
         return (key <= query) & ~(hidden[:, None, :slots] & (key != query))
 
-    def _kv_valid(self, res: Resolution, steps: Tensor, forwards: Tensor) -> Tensor:
-        """Offsets whose K/V are final after the step (the next verification re-feeds from there)."""
+    def _kv_valid(self, res: Resolution, steps: Tensor, forwards: Tensor, ready: Tensor | None) -> Tensor:
+        """Offsets whose K/V are final after the step (the next verification re-feeds from there);
+        `ready` is _kept_ready's answer under kv "inline"."""
         if self.kv == "refresh":
             return res.kv_valid
         length = steps.shape[1]
         offsets = torch.arange(length, device=steps.device)
         unfed = (steps == (forwards - 1)[:, None]) & (steps >= 0)  # drawn in the last forward
         unfed |= (offsets[None] == res.first[:, None]) & (forwards == 0)[:, None]  # t0, never fed
-        if self.kv == "inline":  # kept drafts after the last redrawn position were never re-fed
-            ready = self._kept_ready(steps, res.first)
+        if ready is not None:  # inline: kept drafts after the last redrawn position were never re-fed
             unfed |= (ready >= 0) & (ready >= forwards[:, None])
         earliest = torch.where(unfed, offsets, length).min(-1).values
         return torch.minimum(earliest, (res.advance - 1).clamp_min(0))

@@ -27,13 +27,14 @@ import torch
 from baselines.canvas import Context
 from baselines.pooled import pooled_mass
 from baselines.raster import RasterDecoder
-from baselines.upsamplers import build_upsampler, resize_images
+from baselines.upsamplers import build_upsampler, resize_images, shipped_weights
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import ModelBundle, Prompt, SamplingParams
 from harness.datasets import shapes
 from harness.neighbours import neighbour_table
 from harness.run import guided
+from harness.sampling import probs
 from harness.seeding import image_seed
 from harness.shapes.bundle import load
 from harness.shapes.scenes import render, scene_for_caption
@@ -100,12 +101,16 @@ def agreement(bundle: ModelBundle, prompts: Sequence[Prompt], draft_images: np.n
 
 @torch.inference_mode()
 def guided_probs(bundle: ModelBundle, prompts: Sequence[Prompt], tokens: torch.Tensor, cfg: float) -> torch.Tensor:
-    """Teacher-forced target distributions with CFG: tokens [N, L] -> p [N, L, V], where p[:, i]
-    is the target's distribution of token i given tokens[:, :i] (logits u + cfg * (c - u))."""
-    gpt = bundle.target.gpt  # type: ignore[attr-defined]
-    cond = bundle.condition([p.text for p in prompts]).with_null()
-    c, u = gpt.forward_train(cond, torch.cat([tokens, tokens])).chunk(2)
-    return (u + cfg * (c - u)).softmax(-1)
+    """Teacher-forced target distributions as MuLo-SD's verification sees them (the CFG-wrapped
+    target, harness.sampling.probs at temperature 1): tokens [N, L] -> p [N, L, V], where p[:, i]
+    is the distribution of token i given tokens[:, :i]."""
+    params = SamplingParams(cfg_scale=cfg)
+    models = guided(bundle, params)
+    target = models.target
+    target.setup_cache(len(tokens))
+    first = target.prefill(models.condition([p.text for p in prompts]))[:, None]  # predicts position 0
+    rest = target.forward(tokens[:, :-1], torch.arange(tokens.shape[1] - 1))
+    return probs(torch.cat([first, rest], 1), params)
 
 
 def rejected_shares(p: torch.Tensor, tokens: torch.Tensor, codebook: torch.Tensor) -> dict[str, float]:
@@ -126,11 +131,10 @@ def upsampler_rows(bundle: ModelBundle, prompts: Sequence[Prompt], low: torch.Te
                   device=torch.device("cpu"))
     rows = {}
     for name, keys in UPSAMPLERS.items():
-        try:
-            high = build_upsampler(**keys).up(low.view(len(low), *bundle.drafter.grid), ctx).flatten(1)
-        except ValueError as err:  # no learned weights for this grid
-            print(f"{name}: skipped ({err})")
+        if keys["kind"] == "learned" and not shipped_weights(keys["objective"], ctx.grid).is_file():
+            print(f"{name}: skipped (no weights shipped for a {ctx.grid[0]}x{ctx.grid[1]} grid)")
             continue
+        high = build_upsampler(**keys).up(low.view(len(low), *bundle.drafter.grid), ctx).flatten(1)
         p = guided_probs(bundle, prompts, high, cfg)
         images = bundle.target.decode(high).permute(0, 2, 3, 1).numpy()
         rows[name] = {"geneval": score(images, prompts)["overall"],

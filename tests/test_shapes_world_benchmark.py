@@ -41,7 +41,18 @@ def test_every_upsampler_gets_a_row_on_the_x1_world() -> None:
     for values in rows.values():
         assert 0.0 <= values["geneval"] <= 1.0
         assert all(0.0 <= v <= 1.0 for k, v in values.items() if k.startswith("k="))
-    # the guided probabilities are distributions over the codebook, position by position
-    p = guided_probs(bundle, prompts, low.new_zeros(2, 256), 1.5)
-    assert p.shape == (2, 256, bundle.target.codebook.shape[0])
-    assert torch.allclose(p.sum(-1), torch.ones(2, 256), atol=1e-4)
+
+
+
+def test_guided_probs_are_the_teacher_forced_distributions() -> None:
+    """Through the KV cache at cfg 1 they equal the training forward's softmax; CFG changes them."""
+    prompts = shapes(2)
+    bundle = load(world="x1", small_drafter=False)
+    tokens = raster_tokens(bundle, prompts, 1.5, drafter=False)
+    cond = bundle.condition([p.text for p in prompts])
+    with torch.inference_mode():
+        reference = bundle.target.gpt.forward_train(cond, tokens).softmax(-1)
+    plain = guided_probs(bundle, prompts, tokens, 1.0)
+    assert plain.shape == reference.shape == (2, 256, bundle.target.codebook.shape[0])
+    assert torch.allclose(plain, reference, atol=1e-4)
+    assert not torch.allclose(guided_probs(bundle, prompts, tokens, 1.5), reference, atol=1e-2)
