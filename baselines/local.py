@@ -9,6 +9,11 @@ R_X is resampled by the target, every other draft is kept, also after t0; positi
 never touched. l = 0 is "naive local" (R_X = R_T). The loop samples t0 itself from the
 verification's own p (its context, the drafts before it, is final); a `Resampler`
 (baselines/resampling.py) refills R_X \\ {t0}. The frontier advances over the whole block.
+
+`rounds` (an extension, not in the paper; paper.md §6 open point (c)) lets a drafted image be
+verified up to `rounds` times: while a verification rejects something and rounds are left, only
+positions up to t0 are committed, and the next verification judges the rest of the image as it
+then stands (kept drafts and redrawn tokens alike) in its new context. rounds = 1 is the paper.
 """
 from __future__ import annotations
 
@@ -49,21 +54,31 @@ class LocalScope:
     kv_valid = t0 (the K/V of every position after t0 saw rejected drafts; the resampler may
     lower or keep it, see baselines/resampling.py), at most advance - 1 so that the next
     verification re-feeds at least the last committed token.
+
+    With rounds > 1, a row whose verification rejected something and that has verified its
+    current block fewer than `rounds` times advances only to t0 + 1 (the redrawn and kept
+    positions after t0 become the next verification's drafts); a bound scope counts each row's
+    verifications of its current block, so bind it once per generate call.
     """
 
     needs_resampler = True
 
-    def __init__(self, radius: int = 3, length: int | None = None) -> None:
+    def __init__(self, radius: int = 3, length: int | None = None, rounds: int = 1) -> None:
         if int(radius) != radius or radius < 0:
             raise ValueError(f"decoder scope.radius (local) must be an integer >= 0, got {radius!r}")
-        self.radius = int(radius)
-        self.name = f"local({self.radius})"
+        if int(rounds) != rounds or rounds < 1:
+            raise ValueError(f"decoder scope.rounds (local) must be an integer >= 1 (1 = the paper: one "
+                             f"verification per drafted block), got {rounds!r}")
+        self.radius, self.rounds = int(radius), int(rounds)
+        self.name = f"local({self.radius})" if self.rounds == 1 else f"local({self.radius},x{self.rounds})"
         self.refeed = 0 if length is None else int(length)
+        self.verified: Tensor | None = None  # [B] verifications of each row's current block
 
     def bind(self, length: int) -> "LocalScope":
         """This scope for blocks of `length` drafts (refeed = L: after a block whose first
-        rejection is at offset 0, the next verification re-encodes the whole block)."""
-        return LocalScope(self.radius, length)
+        rejection is at offset 0, the next verification re-encodes the whole block), with fresh
+        per-row round counters."""
+        return LocalScope(self.radius, length, self.rounds)
 
     def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int]) -> Resolution:
         """accept [B, L] bool, remaining [B], grid (rows, cols) -> Resolution."""
@@ -75,19 +90,32 @@ class LocalScope:
         start = grid[0] * grid[1] - remaining
         expanded = dilate(rejected, start, grid, self.radius) & valid & (offsets >= first[:, None])
         advance = torch.minimum(remaining, torch.full_like(remaining, length)).clamp_min(0)
+        advance = self._count_round(rejected.any(-1), first, advance)
         return Resolution(keep=valid & ~expanded, rejected=rejected, first=first,
                           resample=expanded & (offsets != first[:, None]), advance=advance,
                           kv_valid=torch.minimum(first, (advance - 1).clamp_min(0)))
+
+    def _count_round(self, any_rejected: Tensor, first: Tensor, advance: Tensor) -> Tensor:
+        """advance [B] over the whole block -> advance [B]: t0 + 1 for rows that rejected
+        something and may verify their block again; updates the per-row round counters."""
+        if self.rounds == 1:
+            return advance
+        if self.verified is None or self.verified.shape != advance.shape:
+            self.verified = torch.zeros_like(advance)
+        again = any_rejected & (self.verified + 1 < self.rounds)
+        self.verified = torch.where(again, self.verified + 1, 0)
+        return torch.where(again, torch.minimum(first + 1, advance), advance)
 
 
 SCOPE_KINDS = ("local", "raster")
 
 
-def build_scope(kind: str = "local", radius: int = 3) -> "LocalScope | RasterScope":
+def build_scope(kind: str = "local", radius: int = 3, rounds: int = 1) -> "LocalScope | RasterScope":
     """The rejection scope named `kind` (config entry point, so that one node switches with
-    `kind=...`): "local" (LocalScope(radius)) or "raster" (baselines/scope.py; radius unused)."""
+    `kind=...`): "local" (LocalScope(radius, rounds=rounds)) or "raster" (baselines/scope.py;
+    radius and rounds unused)."""
     if kind == "local":
-        return LocalScope(radius)
+        return LocalScope(radius, rounds=rounds)
     if kind == "raster":
         return RasterScope()
     raise ValueError(f"decoder scope.kind must be one of {SCOPE_KINDS}, got {kind!r}")

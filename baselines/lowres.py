@@ -13,6 +13,10 @@ One proposal, for every batch row b at its high-res frontier n_b:
    current prefix, so every image draws the same number of random numbers per proposal;
 4. x~ = U_r(y) over the whole low-res grid; the proposal is x~[n_b .. n_b + L - 1] with
    L = rows * r * cols_hi, and q = None (no distribution: the rule is a threshold).
+
+With whole-image drafting (rows: null) the image is drafted once; a scope that verifies it again
+(`local` with rounds > 1) gets, as each further proposal, the canvas after the frontier as it
+stands (kept drafts and redrawn tokens), with no drafter work.
 """
 from __future__ import annotations
 
@@ -102,6 +106,14 @@ class LowResDraft:
         bound.geometry = Geometry(r=r, high=high, low=low, rows=rows)  # type: ignore[arg-type]
         return bound
 
+    @property
+    def whole_image(self) -> bool:
+        """Whether one proposal drafts the whole image (rows: null, or rows >= the low-res rows)."""
+        geo = self.geometry
+        if geo is None:
+            raise RuntimeError("call bind(models) first")
+        return geo.rows == geo.low[0]
+
     def start(self, ctx: Context, canvas: Canvas) -> "_LowResRun":
         if self.geometry is None:
             raise RuntimeError("bind(models) before start")
@@ -123,15 +135,21 @@ class _LowResRun:
         window = geo.low[1] if source.schedule == "serial" else source.window
         self.steps = zipar_schedule(self.span, geo.low[1], window)
         self.masked = window < geo.low[1]
+        self.drafted = False
 
     def propose(self, canvas: Canvas) -> Draft:
-        """Low-res rows -> up-sampled block [B, L] for positions frontier .. frontier + L - 1."""
+        """Low-res rows -> up-sampled block [B, L] for positions frontier .. frontier + L - 1
+        (a whole-image draft already made: the canvas there as it stands)."""
         geo, ctx = self.geo, self.ctx
+        index = canvas.frontier[:, None] + torch.arange(geo.length, device=ctx.device)
+        if self.drafted and self.source.whole_image:
+            tokens = canvas.tokens.gather(1, index.clamp(max=canvas.tokens.shape[1] - 1))
+            return Draft(tokens=tokens, q=None, drafter_forwards=0)
+        self.drafted = True
         final = (canvas.frontier // (geo.r * geo.high[1])).clamp(max=geo.low[0])  # F [B]
         self._absorb(canvas, final)
         forwards = self._draft(final)
         high = self.source.upsampler.up(self.low[:, :geo.n_low].view(-1, *geo.low), ctx).flatten(1)
-        index = canvas.frontier[:, None] + torch.arange(geo.length, device=ctx.device)
         tokens = high.gather(1, index.clamp(max=high.shape[1] - 1))
         return Draft(tokens=tokens, q=None, drafter_forwards=forwards)  # type: ignore[arg-type]
 

@@ -90,6 +90,11 @@ class SpeculativeDecoder:
         `bind(length)` (local: refeed = L) are bound; the others are used as they are."""
         draft = self.draft.bind(models) if hasattr(self.draft, "bind") else self.draft
         scope = self.scope.bind(draft.length) if hasattr(self.scope, "bind") else self.scope
+        if getattr(scope, "rounds", 1) > 1 and not getattr(draft, "whole_image", False):
+            raise ValueError(f"decoder scope.rounds = {scope.rounds} verifies a drafted image again after "
+                             f"redrawing, which needs one whole-image draft: use the lowres draft with "
+                             f"draft.rows=null (got draft {draft.name!r} with {draft.length} drafts per "
+                             f"verification), or set scope.rounds=1")
         return draft, scope
 
     def _step(self, ctx: Context, canvas: Canvas, run: DraftRun, rec: StatsRecorder,

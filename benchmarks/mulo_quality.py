@@ -9,8 +9,14 @@ times decoders at batch 1).
 
 A variant names a decoder of the harness config (raster, zipar, mulo_sd, ...) and Hydra
 overrides of that decoder's keys, e.g. `tau0=mulo_sd:accept.tau=0.0,draft.window=8`. Raster
-always runs first. With --out, each row's per-image verdicts (sample_id, tag, correct) go to
-DIR/NAME.csv, so gaps between any two rows can be recomputed later. Images are drawn at the
+always runs first. With --out, each row's per-image verdicts (sample_id, tag, correct, reason) go
+to DIR/NAME.csv, so gaps between any two rows can be recomputed later.
+
+Besides GenEval, each row prints the share of images failing each kind of GenEval clause (an image
+can fail several): `missing` (an object the prompt asks for is not found: fewer than its count),
+`extra` (more objects than a counting prompt allows), `color` (objects found, not of the asked
+colour) and `position` (objects found, not in the asked relation). They tell a decoder that loses
+objects from one that draws them wrong. Images are drawn at the
 benchmark's held-out seed by default (benchmarks/mulo.py: tune at seed 0 or 1, quote seed 2),
 with per-image seeds, so a row does not depend on --batch (up to float rounding).
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from multiprocessing import get_context
@@ -52,7 +59,11 @@ X2_VARIANTS = (
     "k1tau1_w8=mulo_sd:draft.window=8,accept.k=1,accept.tau=1.0,resampler.window=8",
 )
 CHUNK = 32  # images per scoring task
-_EVALUATOR: GenEvalEvaluator | None = None  # the configured shapes-GenEval, set in each scoring process
+# GenEval's failed-clause reasons (evaluators/geneval_rules.py) by kind; the patterns exclude each other
+FAILURES = (("missing", re.compile(r"^expected .+>=\d+, found \d+$")),
+            ("extra", re.compile(r"^expected .+<\d+, found \d+$")),
+            ("color", re.compile(r"^expected .+>=\d+, found \d+ \w+; and ")),
+            ("position", re.compile(r"^(no target for .+ to be |expected .+ (left of|right of|above|below) target, found )")))
 
 
 def parse_variant(text: str) -> tuple[str, str, list[str]]:
@@ -72,12 +83,27 @@ def _use(evaluator: GenEvalEvaluator) -> None:
     _EVALUATOR = evaluator
 
 
-def score_chunk(job: tuple[np.ndarray, list[dict[str, Any]]]) -> list[bool]:
-    """images [n, H, W, 3] uint8 and their prompts' meta -> GenEval verdict per image, judged by
+def score_chunk(job: tuple[np.ndarray, list[dict[str, Any]]]) -> list[tuple[bool, str]]:
+    """images [n, H, W, 3] uint8 and their prompts' meta -> (correct, reason) per image, judged by
     the configured evaluator (`evaluator=geneval_shapes`)."""
     images, metas = job
     assert _EVALUATOR is not None, "score_chunk runs in a pool started with initializer=_use"
-    return [v.correct for v in _EVALUATOR.judge_images(list(images), metas)]
+    return [(v.correct, v.reason) for v in _EVALUATOR.judge_images(list(images), metas)]
+
+
+def failure_kind(line: str) -> str:
+    """One failed-clause reason of GenEval -> its kind (FAILURES); unknown text is refused."""
+    for kind, pattern in FAILURES:
+        if pattern.search(line):
+            return kind
+    raise ValueError(f"GenEval reason {line!r} matches no failure kind {[k for k, _ in FAILURES]}")
+
+
+def failure_shares(frame: pd.DataFrame) -> dict[str, float]:
+    """Per-image verdicts with `reason` -> share of images failing each kind of clause."""
+    kinds = [{failure_kind(line) for line in str(r).splitlines() if line} if isinstance(r, str) else set()
+             for r in frame["reason"]]
+    return {kind: sum(kind in k for k in kinds) / max(len(kinds), 1) for kind, _ in FAILURES}
 
 
 @torch.inference_mode()
@@ -89,12 +115,12 @@ def images_of(models: Any, tokens: torch.Tensor, batch: int) -> np.ndarray:
 
 
 def verdicts(pool: Any, images: np.ndarray, specs: Sequence[SampleSpec]) -> pd.DataFrame:
-    """Per-image verdicts (sample_id, tag, correct), scored in `pool`."""
+    """Per-image verdicts (sample_id, tag, correct, reason), scored in `pool`."""
     metas = [s.prompt.meta for s in specs]
     jobs = [(images[i:i + CHUNK], metas[i:i + CHUNK]) for i in range(0, len(specs), CHUNK)]
-    correct = [c for part in pool.map(score_chunk, jobs) for c in part]
+    judged = [c for part in pool.map(score_chunk, jobs) for c in part]
     return pd.DataFrame({"sample_id": [s.sample_id for s in specs], "tag": [m["tag"] for m in metas],
-                         "correct": correct})
+                         "correct": [c for c, _ in judged], "reason": [r for _, r in judged]})
 
 
 def overall(frame: pd.DataFrame) -> float:
@@ -150,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         a.out.mkdir(parents=True, exist_ok=True)
     device = _device(a.device)
     print(f"model={a.model} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}", flush=True)
-    print(f"{'row':<20}{'target':>8}{'drafter':>9}{'geneval':>9}{'gap':>8}{'gap_se':>8}{'decode_s':>10}", flush=True)
+    print(f"{'row':<20}{'target':>8}{'drafter':>9}{'geneval':>9}{'gap':>8}{'gap_se':>8}{'decode_s':>10}"
+          + "".join(f"{kind:>9}" for kind, _ in FAILURES), flush=True)
     evaluator = _build(compose_config(a.model, []).evaluator.geneval_shapes)
     # fork the scoring processes before the decoders touch a GPU
     with get_context("fork").Pool(a.procs, initializer=_use, initargs=(evaluator,)) as pool:
@@ -161,8 +188,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             gap, se = paired_difference(frame, raster)
             if a.out:
                 frame.to_csv(a.out / f"{name}.csv", index=False)
+            shares = failure_shares(frame)
             print(f"{name:<20}{counts['target']:>8.1f}{counts['drafter']:>9.1f}{overall(frame):>9.3f}"
-                  f"{gap:>+8.3f}{se:>8.3f}{counts['decode_s']:>10.0f}", flush=True)
+                  f"{gap:>+8.3f}{se:>8.3f}{counts['decode_s']:>10.0f}"
+                  + "".join(f"{shares[kind]:>9.3f}" for kind, _ in FAILURES), flush=True)
 
 
 if __name__ == "__main__":

@@ -259,6 +259,53 @@ def test_inline_kv_redraws_every_token_from_the_final_image_before_it(bundle: Mo
     assert forwards["inline"] == forwards["refresh"], "re-feeding kept drafts widens forwards, adds none"
 
 
+# ----------------------------------------------------------------------------- rounds
+def _rounds_decoder(params: SamplingParams, rule, rounds: int, schedule: str, radius: int = 1) -> SpeculativeDecoder:
+    return SpeculativeDecoder(params, LowResDraft(PixelUpsampler(), rows=None, schedule="zipar", window=2), rule,
+                              LocalScope(radius, rounds=rounds), IslandResampler(schedule, window=2, context="masked"))
+
+
+@pytest.mark.parametrize("schedule", ["serial", "parallel"])
+def test_verifying_until_nothing_is_rejected_gives_raster_greedy(bundle: ModelBundle, schedule: str) -> None:
+    """With a rule that accepts exactly the greedy target's choices (k = 1, tau = 1 on one-hot p)
+    and rounds that never run out, every committed token is the target's choice given the final
+    image before it, whatever the resampling order: the output is raster greedy. One round (the
+    paper) keeps drafts judged next to tokens that were redrawn, and island-parallel redrawing
+    decodes out of raster order, so it is not."""
+    models = guided(bundle, GREEDY)
+    cond = models.condition(PROMPTS)
+    raster = RasterDecoder(GREEDY).generate(models, cond, [1, 2, 3])
+    out = _rounds_decoder(GREEDY, PooledThresholdRule(k=1, tau=1.0), 64, schedule).generate(models, cond, [4, 5, 6])
+    assert torch.equal(out.tokens, raster.tokens)
+    assert all(s.extra["verify_forwards"] > 1 for s in out.stats), "the test needs a second verification"
+    if schedule == "parallel":
+        once = _rounds_decoder(GREEDY, PooledThresholdRule(k=1, tau=1.0), 1, schedule).generate(models, cond, [4, 5, 6])
+        assert not torch.equal(once.tokens, raster.tokens)
+        assert all(s.extra["verify_forwards"] == 1 for s in once.stats)
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_rounds_bound_the_verifications_of_a_drafted_image(bundle: ModelBundle, rounds: int) -> None:
+    models = guided(bundle, SAMPLED)
+    cond = models.condition(PROMPTS)
+    out = _rounds_decoder(SAMPLED, RejectAll(), rounds, "parallel").generate(models, cond, [1, 2, 3])
+    once = _rounds_decoder(SAMPLED, RejectAll(), 1, "parallel").generate(models, cond, [1, 2, 3])
+    # rejecting everything: every round but the last commits only t0 and redraws the rest
+    assert all(s.extra["verify_forwards"] == rounds for s in out.stats)
+    assert [s.drafter_forwards for s in out.stats] == [s.drafter_forwards for s in once.stats], "one draft per image"
+    assert out.tokens.shape == (3, 64)
+
+
+def test_rounds_refuse_a_draft_that_does_not_cover_the_image(bundle: ModelBundle) -> None:
+    models = guided(bundle, SAMPLED)
+    decoder = SpeculativeDecoder(SAMPLED, LowResDraft(NearestUpsampler(), rows=1), PooledThresholdRule(k=4, tau=0.1),
+                                 LocalScope(3, rounds=2), IslandResampler())
+    with pytest.raises(ValueError, match="draft.rows=null"):
+        decoder.generate(models, models.condition(PROMPTS), [1, 2, 3])
+    with pytest.raises(ValueError, match="scope.rounds"):
+        LocalScope(3, rounds=0)
+
+
 # ----------------------------------------------------------------------------- islands
 def test_island_labels_match_scipy() -> None:
     g = torch.Generator().manual_seed(0)

@@ -31,7 +31,7 @@ def test_sweep_writes_verdicts_that_give_the_printed_rows(tmp_path: Path, capsys
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert list(rows) == ["raster", "tau0", "z2"]
     raster = pd.read_csv(tmp_path / "raster.csv")
-    assert len(raster) == 6 and set(raster.columns) == {"sample_id", "tag", "correct"}
+    assert len(raster) == 6 and set(raster.columns) == {"sample_id", "tag", "correct", "reason"}
     for name, fields in rows.items():
         frame = pd.read_csv(tmp_path / f"{name}.csv")
         gap, se = paired_difference(frame, raster)
@@ -45,3 +45,37 @@ def test_sweep_writes_verdicts_that_give_the_printed_rows(tmp_path: Path, capsys
 def test_an_unknown_decoder_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no decoder 'nope'"):
         main(["--model", "random", "--prompts", "2", "--procs", "1", "--device", "cpu", "--variant", "x=nope"])
+
+
+def test_failure_kinds_read_every_reason_the_rules_write() -> None:
+    from benchmarks.mulo_quality import failure_kind, failure_shares
+    from evaluators.geneval_rules import Detection, GenEvalRules
+
+    rules = GenEvalRules()
+
+    def reason(dets, meta):  # type: ignore[no-untyped-def]
+        return rules.evaluate(dets, meta)[1]
+
+    def det(cls, box, color="red"):  # type: ignore[no-untyped-def]
+        return Detection(cls=cls, box=box, score=0.99, color=color)
+
+    two = {"tag": "counting", "include": [{"class": "traffic light", "count": 2}],
+           "exclude": [{"class": "traffic light", "count": 3}]}
+    red = {"tag": "colors", "include": [{"class": "circle", "count": 1, "color": "blue"}]}
+    rel = {"tag": "position", "include": [{"class": "square", "count": 1},
+                                          {"class": "circle", "count": 1, "position": ["left of", 0]}]}
+    boxes = [(0, 0, 10, 10), (20, 0, 30, 10), (40, 0, 50, 10)]
+    cases = {
+        "missing": reason([det("traffic light", boxes[0])], two),
+        "extra": reason([det("traffic light", b) for b in boxes], two),
+        "color": reason([det("circle", boxes[0])], red),
+        "position": reason([det("square", boxes[0]), det("circle", boxes[2])], rel),
+    }
+    for kind, text in cases.items():
+        assert text and failure_kind(text) == kind, (kind, text)
+    missing_target = reason([det("circle", boxes[0])], rel).splitlines()
+    assert [failure_kind(line) for line in missing_target] == ["missing", "position"]
+    with pytest.raises(ValueError, match="no failure kind"):
+        failure_kind("something else")
+    frame = pd.DataFrame({"reason": [cases["missing"], "", "\n".join(missing_target), float("nan")]})
+    assert failure_shares(frame) == {"missing": 0.5, "extra": 0.0, "color": 0.0, "position": 0.25}
