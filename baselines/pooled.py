@@ -7,9 +7,15 @@ B_k(x) = x itself and its k - 1 nearest other codes in the tokenizer's latent sp
 vectors, harness/neighbours.py); k = 1 is "draft-token probability only" (ablation b). There is no
 drafter probability q in the rule (the up-sampler yields tokens, not a distribution) and no
 uniform: the rule is deterministic given p. A rejected position is resampled from p itself.
+
+`anchor` (an extension, not in the paper): a rejected position is instead resampled from p
+restricted to B_anchor(x~_i), the draft token's own codebook neighbourhood (from p when the target
+gives that neighbourhood no mass), so that redrawing corrects a draft's detail instead of deciding
+its content again; the resampler takes the same option for the rest of the resample set.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from baselines.acceptance import Verdict
@@ -25,12 +31,27 @@ def pooled_mass(p: Tensor, drafts: Tensor, neighbours: Tensor | None) -> Tensor:
     return mass
 
 
+def anchored(p: Tensor, tokens: Tensor, neighbours: Tensor | None) -> Tensor:
+    """p [..., V], tokens [...], neighbours [V, a-1] (None: a = 1) -> [..., V] unnormalised: p on
+    each token and its neighbours, zero elsewhere; p itself where that mass is zero."""
+    keep = tokens[..., None] if neighbours is None else torch.cat([tokens[..., None], neighbours[tokens]], -1)
+    inside = torch.zeros_like(p).scatter_(-1, keep, 1.0) * p
+    return torch.where(inside.sum(-1, keepdim=True) > 0, inside, p)
+
+
+def anchor_table(ctx: Context, anchor: int) -> Tensor | None:
+    """The neighbour table of B_anchor (None for anchor = 1: the token alone)."""
+    return ctx.neighbours(anchor - 1) if anchor > 1 else None
+
+
 class PooledThresholdRule:
     """`pooled_threshold`: accept when the pooled target mass of the draft's k-neighbourhood is >= tau.
 
     Args:
         k: codebook neighbourhood size, the draft token included (>= 1; clamped to V).
         tau: threshold in [0, 1]; 0 accepts every draft, higher is closer to the target.
+        anchor: 0 (the paper): a rejection is resampled from p; a >= 1: from p restricted to the
+            draft token's a-neighbourhood (see the module docstring).
 
     With greedy sampling p is one-hot on the argmax, so for 0 < tau <= 1 the rule accepts exactly
     when the argmax lies in the draft's neighbourhood.
@@ -38,16 +59,22 @@ class PooledThresholdRule:
 
     name = "pooled_threshold"
 
-    def __init__(self, k: int = 16, tau: float = 0.1) -> None:
+    def __init__(self, k: int = 16, tau: float = 0.1, anchor: int = 0) -> None:
         if int(k) != k or k < 1:
             raise ValueError(f"decoder accept.k (pooled_threshold) must be an integer >= 1, got {k!r}")
         if not 0.0 <= tau <= 1.0:
             raise ValueError(f"decoder accept.tau (pooled_threshold) must be in [0, 1], got {tau!r}")
+        if int(anchor) != anchor or anchor < 0:
+            raise ValueError(f"decoder accept.anchor (pooled_threshold) must be an integer >= 0 (0: resample "
+                             f"from p), got {anchor!r}")
         self.k = int(k)
         self.tau = float(tau)
+        self.anchor = int(anchor)
 
     def decide(self, p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor, ctx: Context) -> Verdict:
         """p [B, L, V]; q and u are ignored (the rule is a deterministic threshold)."""
         table = ctx.neighbours(self.k - 1) if self.k > 1 else None
         accept = pooled_mass(p, drafts, table) >= self.tau
+        if self.anchor:
+            return Verdict(accept=accept, residual=anchored(p, drafts, anchor_table(ctx, self.anchor)))
         return Verdict(accept=accept, residual=p)

@@ -18,6 +18,8 @@ Queries attend slot-causally; the two open points of the paper are options:
              computed next to a rejected draft (wider forwards, no extra ones; serial resampling
              then decodes like raster with the kept drafts forced).
              Under "refresh" and "stale" the resampler itself reads the kept drafts' old K/V.
+`anchor` a >= 1 (an extension; baselines/pooled.py) draws each position from the target's p
+restricted to the a-neighbourhood of the token there before the redraw (the draft).
 Every image draws L uniforms per call whatever its batch, so images do not depend on the batch.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import Tensor
 
 from baselines.canvas import Canvas, Context, feed_positions
 from baselines.islands import block_islands, island_steps, serial_steps
+from baselines.pooled import anchor_table, anchored
 from baselines.scope import Resolution
 from harness.sampling import probs, uniforms
 
@@ -65,17 +68,21 @@ class IslandResampler:
             >= the grid's cols decodes each island in raster order).
         context: "visible" or "masked" (not-yet-resampled positions as context).
         kv: "refresh", "stale" or "inline" (K/V of kept drafts after t0).
+        anchor: 0 (draw from p) or a >= 1 (from p on the a-neighbourhood of the token there).
     """
 
     def __init__(self, schedule: str = "parallel", window: int = 2, context: str = "masked",
-                 kv: str = "refresh") -> None:
+                 kv: str = "refresh", anchor: int = 0) -> None:
         for key, value, options in (("schedule", schedule, SCHEDULES), ("context", context, CONTEXTS),
                                     ("kv", kv, KV_MODES)):
             if value not in options:
                 raise ValueError(f"decoder resampler.{key} must be one of {options}, got {value!r}")
         if int(window) != window or window < 1:
             raise ValueError(f"decoder resampler.window must be an integer >= 1, got {window!r}")
+        if int(anchor) != anchor or anchor < 0:
+            raise ValueError(f"decoder resampler.anchor must be an integer >= 0 (0: draw from p), got {anchor!r}")
         self.schedule, self.window, self.context, self.kv = schedule, int(window), context, kv
+        self.anchor = int(anchor)
         self.name = f"{schedule}({context},{kv})"
 
     def fill(self, ctx: Context, canvas: Canvas, res: Resolution) -> tuple[Resolution, Tensor]:
@@ -130,9 +137,13 @@ class IslandResampler:
         out, out_ok = pack(drawn)
         source = slot_of.gather(1, (out - 1).clamp_min(0))
         picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
-        new = draw(probs(picked, ctx.sampling), u.gather(1, out))
         where = start[:, None] + out
-        canvas.tokens.scatter_(1, where, torch.where(out_ok, new, canvas.tokens.gather(1, where)))
+        there = canvas.tokens.gather(1, where)
+        p = probs(picked, ctx.sampling)
+        if self.anchor:
+            p = anchored(p, there, anchor_table(ctx, self.anchor))
+        new = draw(p, u.gather(1, out))
+        canvas.tokens.scatter_(1, where, torch.where(out_ok, new, there))
 
     @staticmethod
     def _mask(ctx: Context, start: Tensor, positions: Tensor, pending: Tensor) -> Tensor:

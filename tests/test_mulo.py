@@ -306,6 +306,40 @@ def test_rounds_refuse_a_draft_that_does_not_cover_the_image(bundle: ModelBundle
         LocalScope(3, rounds=0)
 
 
+# ----------------------------------------------------------------------------- anchor
+def test_anchored_keeps_the_mass_of_the_neighbourhood_or_falls_back_to_p() -> None:
+    from baselines.pooled import anchored
+
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.0, 0.0]])
+    table = torch.tensor([[1], [0], [3], [2]])  # each code's one nearest neighbour
+    got = anchored(p, torch.tensor([0, 2]), table)
+    assert torch.equal(got[0], torch.tensor([0.1, 0.2, 0.0, 0.0]))
+    assert torch.equal(got[1], p[1]), "no mass on {2, 3}: p itself"
+    assert torch.equal(anchored(p, torch.tensor([3, 1]), None), torch.tensor([[0, 0, 0, 0.4], [0, 0.5, 0, 0]]))
+
+
+def test_anchor_one_redraws_every_draft_as_itself_when_p_covers_the_codebook(bundle: ModelBundle) -> None:
+    """Rejecting everything, an anchor of 1 redraws each position from p on the token there alone:
+    with full-support p (no top-k / top-p) the output is the up-sampled draft (the tau = 0 image)."""
+    full = SamplingParams(temperature=1.0, cfg_scale=2.0)
+    models = guided(bundle, full)
+    cond = models.condition(PROMPTS)
+    draft = _mulo(full, PooledThresholdRule(k=4, tau=0.0)).generate(models, cond, [1, 2, 3])
+    redrawn = SpeculativeDecoder(full, LowResDraft(NearestUpsampler(), rows=None, schedule="zipar", window=2),
+                                 PooledThresholdRule(k=4, tau=1.0, anchor=1), LocalScope(3),
+                                 IslandResampler("parallel", window=2, context="visible", anchor=1))
+    out = redrawn.generate(models, cond, [1, 2, 3])
+    assert all(s.resampled > 32 for s in out.stats), "the test needs redrawn positions"
+    assert torch.equal(out.tokens[:, 1:], draft.tokens[:, 1:])
+    free = SpeculativeDecoder(full, LowResDraft(NearestUpsampler(), rows=None, schedule="zipar", window=2),
+                              PooledThresholdRule(k=4, tau=1.0), LocalScope(3), IslandResampler("parallel", window=2))
+    assert not torch.equal(free.generate(models, cond, [1, 2, 3]).tokens, draft.tokens), "negative control"
+    with pytest.raises(ValueError, match="accept.anchor"):
+        PooledThresholdRule(anchor=-1)
+    with pytest.raises(ValueError, match="resampler.anchor"):
+        IslandResampler(anchor=0.5)
+
+
 # ----------------------------------------------------------------------------- islands
 def test_island_labels_match_scipy() -> None:
     g = torch.Generator().manual_seed(0)
