@@ -8,7 +8,9 @@ ablations (paper.md §10.2) on the same prompts.
                               [--no-main] [--device auto]
                               [--threads 1] [hydra overrides ...]
 
-Main table, per decoder: target / drafter forwards per image, the target's split into verify and
+Main table (raster, SJD, LANTERN, ZipAR, MuLo-SD in the paper's configuration and
+`mulo_sd_anchored`, MuLo-SD whose redraws stay in the draft token's codebook neighbourhood), per
+decoder: target / drafter forwards per image, the target's split into verify and
 resample forwards, step compression (tokens per target forward), wall-clock speed-up versus raster
 (median of `reps` interleaved repetitions), GenEval (shapes detector) and, with --fid, FID against
 ground-truth renders. Ablation tables: (a) up-samplers, (b) pooling k x tau, (c) raster vs local
@@ -78,7 +80,8 @@ from harness.samples import SampleSet, SampleSpec, plan  # noqa: E402
 log = logging.getLogger("benchmarks.mulo")
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-MAIN = ("raster", "sjd", "lantern", "zipar", "mulo_sd")
+MAIN = ("raster", "sjd", "lantern", "zipar", "mulo_sd", "mulo_sd_anchored")
+MULO_ROWS = ("mulo_sd", "mulo_sd_anchored")  # the rows the main table's goal verdict reads
 ABLATIONS = {  # experiment -> decoders to take from it (raster is always measured)
     "ablation_upsampling": None, "ablation_local": None, "ablation_parallel": None,
     "ablation_open_questions": None,
@@ -406,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = measure(decoders, models, specs, a.reps, device, evaluators, a.fid, Path(tmp) / "main",
                            quality, a.quality_batch)
             print(table("== main (batch 1)", rows), flush=True)
-            print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd")])[0], flush=True)
+            print(goal_verdict([r for r in rows if r["decoder"] in ("raster", *MULO_ROWS)])[0], flush=True)
             if note:
                 print(note, flush=True)
         if a.ablations:
