@@ -102,8 +102,20 @@ def sample_note(images: int) -> str | None:
             "benchmarks/mulo_quality.py")
 
 
+def mirrored(overrides: Sequence[str]) -> list[str]:
+    """Overrides with each `decoder.mulo_sd.KEY=V` repeated for `decoder.mulo_sd_anchored` (MuLo-SD
+    plus accept.anchor), unless that key is set for it already: the two rows differ only in the
+    anchor (e.g. the x2 world's `decoder.mulo_sd.draft.window=8` sets both drafters)."""
+    own = {o.split("=", 1)[0] for o in overrides if o.startswith("decoder.mulo_sd_anchored.")}
+    extra = [o.replace("decoder.mulo_sd.", "decoder.mulo_sd_anchored.", 1) for o in overrides
+             if o.startswith("decoder.mulo_sd.")]
+    return [*overrides, *(o for o in extra if o.split("=", 1)[0] not in own)]
+
+
 def compose_config(model: str, overrides: Sequence[str], experiment: str | None = None) -> Any:
-    """The harness config (optionally an experiment) on `model`, GenEval and FID evaluators."""
+    """The harness config (optionally an experiment) on `model`, GenEval and FID evaluators; the
+    main table's decoders take `decoder.mulo_sd.*` overrides for both MuLo-SD rows (`mirrored`)."""
+    overrides = mirrored(overrides) if experiment is None else list(overrides)
     keys = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     sized = [f"{k}={v}" for k, v in RANDOM_LIKE_SHAPES.items() if model == "random" and k not in keys]
     extra = [f"+experiment={experiment}"] if experiment else [f"decoder=[{','.join(MAIN)}]"]

@@ -154,3 +154,15 @@ def test_no_main_runs_only_the_tables_asked_for(capsys) -> None:  # type: ignore
     with pytest.raises(SystemExit):
         main(["--model", "random", "--no-main", *TINY])
     assert "--no-main leaves nothing to run" in capsys.readouterr().err
+
+
+def test_mulo_sd_overrides_reach_the_anchored_row_too() -> None:
+    from benchmarks.mulo import mirrored
+
+    got = mirrored(["decoder.mulo_sd.draft.window=8", "decoder.mulo_sd_anchored.accept.tau=0.2",
+                    "decoder.mulo_sd.accept.tau=0.1", "seed=2"])
+    assert "decoder.mulo_sd_anchored.draft.window=8" in got
+    assert "decoder.mulo_sd_anchored.accept.tau=0.1" not in got, "a key set for the anchored row wins"
+    cfg = compose_config("shapes_x2", ["decoder.mulo_sd.draft.window=8"])
+    assert cfg.decoder.mulo_sd_anchored.draft.window == 8 and cfg.decoder.mulo_sd_anchored.accept.anchor == 4
+    assert cfg.decoder.mulo_sd.accept.anchor == 0
