@@ -130,7 +130,8 @@ def overall(frame: pd.DataFrame) -> float:
 
 def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed: int, prompts: int,
             batch: int, device: torch.device) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Decode every prompt with one decoder and score it: (verdicts, forwards and seconds)."""
+    """Decode every prompt with one decoder and score it: (verdicts, forwards and seconds).
+    `overrides` are Hydra overrides of the harness config (the row's and the run's --set)."""
     cfg = compose_config(model, [*overrides, f"seed={seed}"])
     if decoder_name not in cfg.decoder:
         raise ValueError(f"no decoder {decoder_name!r}; the config has {sorted(cfg.decoder)}")
@@ -160,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="folder for each row's per-image verdicts (CSV)")
     ap.add_argument("--variant", action="append", default=None, metavar="NAME=DECODER[:K=V,...]",
                     help="a row (repeatable; default: the x2 world's rows in the README)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hydra override of the harness config applied to every row, raster included "
+                         "(repeatable), e.g. model.weights_dir=DIR to score other weights of the world")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("evaluators", "harness.samples", "baselines.upsamplers"):
@@ -168,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = [("raster", "raster", []), *(parse_variant(v) for v in (a.variant or X2_VARIANTS))]
     except ValueError as err:
         ap.error(str(err))
+    if any("=" not in o for o in a.set):
+        ap.error(f"--set needs KEY=VALUE, got {[o for o in a.set if '=' not in o]}")
     if a.procs < 1 or a.prompts < 1 or a.batch < 1:
         ap.error("--procs, --prompts and --batch must be >= 1")
     if a.threads:
@@ -175,15 +181,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
     device = _device(a.device)
-    print(f"model={a.model} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}", flush=True)
+    print(f"model={a.model} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}"
+          + "".join(f" {o}" for o in a.set), flush=True)
     print(f"{'row':<20}{'target':>8}{'drafter':>9}{'geneval':>9}{'gap':>8}{'gap_se':>8}{'decode_s':>10}"
           + "".join(f"{kind:>9}" for kind, _ in FAILURES), flush=True)
-    evaluator = _build(compose_config(a.model, []).evaluator.geneval_shapes)
+    evaluator = _build(compose_config(a.model, a.set).evaluator.geneval_shapes)
     # fork the scoring processes before the decoders touch a GPU
     with get_context("fork").Pool(a.procs, initializer=_use, initargs=(evaluator,)) as pool:
         raster: pd.DataFrame | None = None
         for name, decoder_name, overrides in rows:
-            frame, counts = run_row(pool, a.model, decoder_name, overrides, a.seed, a.prompts, a.batch, device)
+            frame, counts = run_row(pool, a.model, decoder_name, [*a.set, *overrides], a.seed, a.prompts,
+                                    a.batch, device)
             raster = frame if raster is None else raster
             gap, se = paired_difference(frame, raster)
             if a.out:

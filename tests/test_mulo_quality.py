@@ -42,6 +42,18 @@ def test_sweep_writes_verdicts_that_give_the_printed_rows(tmp_path: Path, capsys
     assert float(rows["tau0"][1]) < tokens and float(rows["tau0"][2]) > 0  # drafts accepted, drafter ran
 
 
+def test_set_overrides_the_config_of_every_row(capsys) -> None:  # type: ignore[no-untyped-def]
+    main(["--model", "random", "--prompts", "2", "--batch", "2", "--procs", "1", "--device", "cpu",
+          "--set", "model.grid=4", "--variant", "z1=zipar:window=1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert "model.grid=4" in lines[0]
+    assert float(rows["raster"][1]) == 16  # a 4x4 grid, not the config's 8x8
+    assert float(rows["z1"][1]) == 4 + 3  # ZipAR window 1 on 4 rows of 4: (rows - 1) * window + cols
+    with pytest.raises(SystemExit):
+        main(["--model", "random", "--prompts", "2", "--procs", "1", "--set", "model.grid"])
+
+
 def test_an_unknown_decoder_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no decoder 'nope'"):
         main(["--model", "random", "--prompts", "2", "--procs", "1", "--device", "cpu", "--variant", "x=nope"])
