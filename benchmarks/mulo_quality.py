@@ -129,7 +129,7 @@ def overall(frame: pd.DataFrame) -> float:
 
 
 def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed: int, prompts: int,
-            batch: int, device: torch.device) -> tuple[pd.DataFrame, dict[str, float]]:
+            batch: int, device: torch.device, first: int = 0) -> tuple[pd.DataFrame, dict[str, float]]:
     """Decode every prompt with one decoder and score it: (verdicts, forwards and seconds).
     `overrides` are Hydra overrides of the harness config (the row's and the run's --set)."""
     cfg = compose_config(model, [*overrides, f"seed={seed}"])
@@ -138,7 +138,8 @@ def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed
     bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
     decoder = _build(cfg.decoder[decoder_name])
     models = guided(bundle, decoder.sampling)
-    specs = plan(shapes(prompts), images_per_prompt=1, global_seed=cfg.seed)
+    # image seeds follow the prompt ids, so prompts [first, first + n) draw the images a longer run draws
+    specs = plan(shapes(first + prompts)[first:], images_per_prompt=1, global_seed=cfg.seed)
     start = time.perf_counter()
     _, tokens, stats = decode_all(decoder, models, specs, batch, device)
     decoded = time.perf_counter() - start
@@ -153,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["random", "shapes", "shapes_x2"], default="shapes_x2")
     ap.add_argument("--prompts", type=int, default=1536)
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the first START prompts (their images are those a run from 0 draws, so "
+                         "two runs' CSVs join into one larger sample)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="global seed of the images")
     ap.add_argument("--batch", type=int, default=256, help="decode batch (one image seed per image)")
     ap.add_argument("--device", default="auto")
@@ -174,14 +178,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error(str(err))
     if any("=" not in o for o in a.set):
         ap.error(f"--set needs KEY=VALUE, got {[o for o in a.set if '=' not in o]}")
-    if a.procs < 1 or a.prompts < 1 or a.batch < 1:
-        ap.error("--procs, --prompts and --batch must be >= 1")
+    if a.procs < 1 or a.prompts < 1 or a.batch < 1 or a.start < 0:
+        ap.error("--procs, --prompts and --batch must be >= 1 and --start >= 0")
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
     device = _device(a.device)
-    print(f"model={a.model} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}"
+    print(f"model={a.model} start={a.start} prompts={a.prompts} seed={a.seed} batch={a.batch} device={device}"
           + "".join(f" {o}" for o in a.set), flush=True)
     print(f"{'row':<20}{'target':>8}{'drafter':>9}{'geneval':>9}{'gap':>8}{'gap_se':>8}{'decode_s':>10}"
           + "".join(f"{kind:>9}" for kind, _ in FAILURES), flush=True)
@@ -191,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raster: pd.DataFrame | None = None
         for name, decoder_name, overrides in rows:
             frame, counts = run_row(pool, a.model, decoder_name, [*a.set, *overrides], a.seed, a.prompts,
-                                    a.batch, device)
+                                    a.batch, device, a.start)
             raster = frame if raster is None else raster
             gap, se = paired_difference(frame, raster)
             if a.out:

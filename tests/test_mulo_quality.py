@@ -54,6 +54,16 @@ def test_set_overrides_the_config_of_every_row(capsys) -> None:  # type: ignore[
         main(["--model", "random", "--prompts", "2", "--procs", "1", "--set", "model.grid"])
 
 
+def test_start_draws_the_images_of_a_longer_run(tmp_path: Path) -> None:
+    common = ["--model", "random", "--batch", "3", "--procs", "1", "--device", "cpu", "--variant", "z1=zipar:window=1"]
+    main([*common, "--prompts", "5", "--out", str(tmp_path / "all")])
+    main([*common, "--start", "3", "--prompts", "2", "--out", str(tmp_path / "tail")])
+    for name in ("raster", "z1"):
+        whole, tail = pd.read_csv(tmp_path / "all" / f"{name}.csv"), pd.read_csv(tmp_path / "tail" / f"{name}.csv")
+        assert len(tail) == 2 and tail["sample_id"].tolist() == whole["sample_id"].tolist()[3:]
+        pd.testing.assert_frame_equal(tail, whole.iloc[3:].reset_index(drop=True))
+
+
 def test_an_unknown_decoder_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no decoder 'nope'"):
         main(["--model", "random", "--prompts", "2", "--procs", "1", "--device", "cpu", "--variant", "x=nope"])
