@@ -6,6 +6,7 @@ times decoders at batch 1).
     python benchmarks/mulo_quality.py [--model shapes_x2] [--prompts 1536] [--seed 2]
                                       [--batch 256] [--device auto] [--procs 8] [--out DIR]
                                       [--variant NAME=DECODER[:OVERRIDE,...] ...]
+                                      [--set KEY=VALUE ...] [--start N]
 
 A variant names a decoder of the harness config (raster, zipar, mulo_sd, ...) and Hydra
 overrides of that decoder's keys, e.g. `tau0=mulo_sd:accept.tau=0.0,draft.window=8`. Raster
