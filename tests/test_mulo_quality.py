@@ -60,8 +60,7 @@ def test_start_draws_the_images_of_a_longer_run(tmp_path: Path) -> None:
     main([*common, "--start", "3", "--prompts", "2", "--out", str(tmp_path / "tail")])
     for name in ("raster", "z1"):
         whole, tail = pd.read_csv(tmp_path / "all" / f"{name}.csv"), pd.read_csv(tmp_path / "tail" / f"{name}.csv")
-        assert len(tail) == 2 and tail["sample_id"].tolist() == whole["sample_id"].tolist()[3:]
-        pd.testing.assert_frame_equal(tail, whole.iloc[3:].reset_index(drop=True))
+        pd.testing.assert_frame_equal(tail, whole.iloc[3:].reset_index(drop=True))  # ids, verdicts, reasons
 
 
 def test_an_unknown_decoder_is_refused_by_name() -> None:
