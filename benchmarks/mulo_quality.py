@@ -6,12 +6,16 @@ times decoders at batch 1).
     python benchmarks/mulo_quality.py [--model shapes_x2] [--prompts 1536] [--seed 2]
                                       [--batch 256] [--device auto] [--procs 8] [--out DIR]
                                       [--variant NAME=DECODER[:OVERRIDE,...] ...]
-                                      [--set KEY=VALUE ...] [--start N]
+                                      [--set KEY=VALUE ...] [--start N] [--raster-from CSV]
 
 A variant names a decoder of the harness config (raster, zipar, mulo_sd, ...) and Hydra
 overrides of that decoder's keys, e.g. `tau0=mulo_sd:accept.tau=0.0,draft.window=8`. Raster
 always runs first. With --out, each row's per-image verdicts (sample_id, tag, correct, reason) go
-to DIR/NAME.csv, so gaps between any two rows can be recomputed later.
+to DIR/NAME.csv, so gaps between any two rows can be recomputed later. `--raster-from CSV` takes
+the raster row from such a file instead of decoding it again (raster is the slowest row: 1024
+target forwards per image on the x2 world); the file must hold exactly this run's samples (same
+--prompts, --start and --seed), and it is the caller's word that it was drawn with this run's
+target and sampling (a --set that changes either calls for a fresh raster row).
 
 Besides GenEval, each row prints the share of images failing each kind of GenEval clause (an image
 can fail several): `missing` (an object the prompt asks for is not found: fewer than its count),
@@ -129,6 +133,26 @@ def overall(frame: pd.DataFrame) -> float:
     return tag_accuracies(frame["tag"].tolist(), frame["correct"].tolist())["overall"]
 
 
+def stored_raster(path: Path, specs: Sequence[SampleSpec]) -> pd.DataFrame:
+    """A raster row's per-image verdicts saved by an earlier --out, checked to hold exactly the
+    samples `specs` (same prompts and image seeds: the sample ids encode both)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--raster-from {path}: no such file; pass the raster.csv an earlier "
+                                "run wrote with --out")
+    frame = pd.read_csv(path)
+    missing = [c for c in ("sample_id", "tag", "correct", "reason") if c not in frame.columns]
+    if missing:
+        raise ValueError(f"--raster-from {path}: lacks columns {missing}; it must be a row CSV of --out")
+    want, have = [s.sample_id for s in specs], frame["sample_id"].tolist()
+    if sorted(want) != sorted(have):
+        extra, lost = set(have) - set(want), set(want) - set(have)
+        raise ValueError(f"--raster-from {path}: holds {len(have)} samples, this run draws {len(want)} "
+                         f"({len(lost)} of them absent, {len(extra)} others present, e.g. "
+                         f"{next(iter(lost or extra))!r}); use the --prompts, --start and --seed it was "
+                         "written with")
+    return frame.set_index("sample_id").loc[want].reset_index()
+
+
 def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed: int, prompts: int,
             batch: int, device: torch.device, first: int = 0) -> tuple[pd.DataFrame, dict[str, float]]:
     """Decode every prompt with one decoder and score it: (verdicts, forwards and seconds).
@@ -166,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="folder for each row's per-image verdicts (CSV)")
     ap.add_argument("--variant", action="append", default=None, metavar="NAME=DECODER[:K=V,...]",
                     help="a row (repeatable; default: the x2 world's rows in the README)")
+    ap.add_argument("--raster-from", type=Path, default=None, metavar="CSV",
+                    help="take the raster row's verdicts from a raster.csv an earlier --out wrote for "
+                         "the same prompts and seed, instead of decoding raster again")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a Hydra override of the harness config applied to every row, raster included "
                          "(repeatable), e.g. model.weights_dir=DIR to score other weights of the world")
@@ -195,8 +222,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     with get_context("fork").Pool(a.procs, initializer=_use, initargs=(evaluator,)) as pool:
         raster: pd.DataFrame | None = None
         for name, decoder_name, overrides in rows:
-            frame, counts = run_row(pool, a.model, decoder_name, [*a.set, *overrides], a.seed, a.prompts,
-                                    a.batch, device, a.start)
+            if name == "raster" and a.raster_from is not None:
+                specs = plan(shapes(a.start + a.prompts)[a.start:], images_per_prompt=1, global_seed=a.seed)
+                frame = stored_raster(a.raster_from, specs)
+                counts = {"target": float("nan"), "drafter": float("nan"), "decode_s": float("nan")}
+            else:
+                frame, counts = run_row(pool, a.model, decoder_name, [*a.set, *overrides], a.seed,
+                                        a.prompts, a.batch, device, a.start)
             raster = frame if raster is None else raster
             gap, se = paired_difference(frame, raster)
             if a.out:

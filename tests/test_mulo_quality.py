@@ -63,6 +63,22 @@ def test_start_draws_the_images_of_a_longer_run(tmp_path: Path) -> None:
         pd.testing.assert_frame_equal(tail, whole.iloc[3:].reset_index(drop=True))  # ids, verdicts, reasons
 
 
+def test_raster_from_reuses_a_stored_raster_row(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    common = ["--model", "random", "--batch", "3", "--procs", "1", "--device", "cpu", "--variant", "z1=zipar:window=1"]
+    main([*common, "--prompts", "4", "--out", str(tmp_path / "first")])
+    first = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    stored = tmp_path / "first" / "raster.csv"
+    main([*common, "--prompts", "4", "--raster-from", str(stored), "--out", str(tmp_path / "again")])
+    again = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert again["raster"][1] == "nan"  # not decoded: no forwards counted
+    assert again["raster"][3] == first["raster"][3] and again["z1"][3:6] == first["z1"][3:6]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "raster.csv"), pd.read_csv(stored))
+    with pytest.raises(ValueError, match="--raster-from .*holds 4 samples, this run draws 2"):
+        main([*common, "--start", "1", "--prompts", "2", "--raster-from", str(stored)])
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        main([*common, "--prompts", "4", "--raster-from", str(tmp_path / "none.csv")])
+
+
 def test_an_unknown_decoder_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no decoder 'nope'"):
         main(["--model", "random", "--prompts", "2", "--procs", "1", "--device", "cpu", "--variant", "x=nope"])
