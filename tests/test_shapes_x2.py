@@ -1,7 +1,8 @@
 """The x2 shapes world: a 32x32-token target at 128 px whose r = 2 drafter is a 16x16 GPT at
-64 px trained on from the x1 target. Its recipe stages start from the shipped x1 weights; its manifest links the files it
-borrows from the x1 folder and checks their hashes there; its training batches are the same
-whether rendered in the training process or in worker processes."""
+64 px trained on from the x1 target. Its recipe stages start from the shipped x1 weights; its
+manifest links the file it borrows from the x1 folder (the tokenizer) and checks its hash there;
+its training batches are the same whether rendered in the training process or in worker
+processes."""
 from __future__ import annotations
 
 import shutil

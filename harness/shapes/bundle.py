@@ -1,6 +1,7 @@
 """`model=shapes`: the shipped, trained shapes-world bundle (target 16x16, drafter 8x8, optional
 small drafter at 16x16), one tokenizer and the caption grammar's conditioner. `model=shapes_x2`:
-the x2 world (target 32x32 at 128 px, drafter 16x16 at 64 px, trained on from the x1 target, small drafter 32x32)."""
+the x2 world (target 32x32 at 128 px, drafter 16x16 at 64 px trained on from the x1 target, small
+drafter 32x32)."""
 from __future__ import annotations
 
 import logging

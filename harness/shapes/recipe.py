@@ -129,8 +129,10 @@ GPTS.update({
                        size=64, **CAPTIONS),
 })
 # Stages each world trains by default, and the stage shipped under each role's file name.
-WORLD_STAGES = {"x1": [s for s in GPTS if not s.startswith("x2_")], "x2": ["x2_target", "x2_small_drafter", "x2_drafter"]}
-SHIPPED_X2 = {"target": "x2_target", "small_drafter": "x2_small_drafter", "drafter": "x2_drafter"}
+WORLD_STAGES = {"x1": [s for s in GPTS if not s.startswith("x2_")],
+                "x2": ["x2_target", "x2_small_drafter", "x2_drafter"]}
+SHIPPED_X2 = {"target": "x2_target", "small_drafter": "x2_small_drafter",
+              "drafter": "x2_drafter"}
 WORLD_SHIPPED = {"x1": SHIPPED, "x2": SHIPPED_X2}
 # Files a world takes unchanged from another world's folder: both worlds share the tokenizer (its
 # 4x4 patch codes do not depend on image size).
