@@ -133,6 +133,12 @@ def overall(frame: pd.DataFrame) -> float:
     return tag_accuracies(frame["tag"].tolist(), frame["correct"].tolist())["overall"]
 
 
+def row_specs(start: int, prompts: int, seed: int) -> list[SampleSpec]:
+    """The samples of a row: prompts [start, start + prompts) of `shapes`, one image each. Image
+    seeds follow the prompt ids, so these are the images a run from 0 draws for those prompts."""
+    return plan(shapes(start + prompts)[start:], images_per_prompt=1, global_seed=seed)
+
+
 def stored_raster(path: Path, specs: Sequence[SampleSpec]) -> pd.DataFrame:
     """A raster row's per-image verdicts saved by an earlier --out, checked to hold exactly the
     samples `specs` (same prompts and image seeds: the sample ids encode both)."""
@@ -163,8 +169,7 @@ def run_row(pool: Any, model: str, decoder_name: str, overrides: list[str], seed
     bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
     decoder = _build(cfg.decoder[decoder_name])
     models = guided(bundle, decoder.sampling)
-    # image seeds follow the prompt ids, so prompts [first, first + n) draw the images a longer run draws
-    specs = plan(shapes(first + prompts)[first:], images_per_prompt=1, global_seed=cfg.seed)
+    specs = row_specs(first, prompts, cfg.seed)
     start = time.perf_counter()
     _, tokens, stats = decode_all(decoder, models, specs, batch, device)
     decoded = time.perf_counter() - start
@@ -223,8 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raster: pd.DataFrame | None = None
         for name, decoder_name, overrides in rows:
             if name == "raster" and a.raster_from is not None:
-                specs = plan(shapes(a.start + a.prompts)[a.start:], images_per_prompt=1, global_seed=a.seed)
-                frame = stored_raster(a.raster_from, specs)
+                frame = stored_raster(a.raster_from, row_specs(a.start, a.prompts, a.seed))
                 counts = {"target": float("nan"), "drafter": float("nan"), "decode_s": float("nan")}
             else:
                 frame, counts = run_row(pool, a.model, decoder_name, [*a.set, *overrides], a.seed,

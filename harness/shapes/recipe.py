@@ -10,7 +10,7 @@ The x2 world (`model=shapes_x2`) doubles the resolution: a 32x32-token target at
 r = 2 drafter (a 16x16 GPT at 64 px: the x1 target trained further) and a small same-resolution
 drafter. Its three stages start from the x1 world's shipped weights (`--from-shipped` adopts them
 instead of retraining the x1 chain); the two at 128 px want a GPU (about 7 s per 32 images on 2
-CPU cores), the drafter at 64 px took 70 min on 2 CPU cores:
+CPU cores), the drafter at 64 px about 71 min on 2 CPU cores:
 
     python -m harness.shapes.recipe --out .cache/shapes_x2 --world x2 --from-shipped \
         --device cuda --workers 12 --install
@@ -121,9 +121,10 @@ GPTS.update({
                              n_head=4, seed=11, init_from="small_drafter", warmup=50, **X2),
     # The r = 2 drafter: the x1 target (a 16x16 GPT at 64 px, as the drafter's resolution must be)
     # trained 2400 steps further with target_parallel_refine's settings (the x2 target trained 3000
-    # steps of batch 64 beyond the x1 chain, the x1 target as drafter none). Drafting with ZipAR window 8 at 64 px (768 prompts, seed 1):
-    # 0.736 -> 0.794 (+0.059 +- 0.016 paired); raster order 0.775 -> 0.792. The x1 target as it
-    # ships drafted the x2 world until then (README, "The x2 world").
+    # steps of batch 64 beyond the x1 chain, the x1 target as drafter none); 0.56 steps/s on 2 CPU
+    # cores. Drafting with ZipAR window 8 at 64 px (768 prompts, seed 1): 0.736 -> 0.794 (+0.059
+    # +- 0.016 paired); raster order 0.775 -> 0.792. The x1 target as it ships drafted the x2
+    # world until then (README, "The x2 world").
     "x2_drafter": dict(role="target", steps=2400, batch_size=32, lr=3e-4, dim=256, n_layer=4, n_head=4,
                        seed=13, init_from="target_parallel_refine", warmup=20, parallel_fraction=0.5,
                        size=64, **CAPTIONS),
