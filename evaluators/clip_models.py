@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from harness.api import InputError
 from harness.downloads import sha256_file
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-class MissingModelError(FileNotFoundError):
+class MissingModelError(InputError, FileNotFoundError):
     """Model weights are not available locally and cannot be downloaded."""
 
 

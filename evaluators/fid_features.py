@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from harness.api import InputError
 from harness.downloads import cache_root, sha256_file
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ _BRANCHES = {
 }
 
 
-class MissingWeightsError(FileNotFoundError):
+class MissingWeightsError(InputError, FileNotFoundError):
     """No Inception weights could be found; the message lists every way to provide them."""
 
 

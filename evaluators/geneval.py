@@ -36,7 +36,7 @@ from harness.shapes.scenes import SHAPES
 
 log = logging.getLogger(__name__)
 
-RULES_VERSION = "1"
+RULES_VERSION = "2"  # 2: float32 thresholds, position and IoU sides; numpy-1.23 tie order (official parity)
 SHAPES_DETECTOR_VERSION = "1"
 RESULTS_FILE = "results.jsonl"
 RESULT_FIELDS = ("filename", "tag", "prompt", "correct", "reason", "metadata", "details")

@@ -7,6 +7,12 @@ Per image: detections are filtered by confidence (strictly above `threshold`, or
 must be met (count reached; colour and position judged on the top-`count` objects only) and no
 `exclude` group may reach its count. Scores: accuracy per tag over images, overall = the
 unweighted mean of the tag accuracies.
+
+Float32 parity: the official code works on mmdet's float32 result arrays under numpy 1.23.1 (its
+environment.yml), so scores are compared with float32 thresholds, detections are ordered by numpy
+1.23's own argsort of the float32 scores (`_numpy123_argsort`), and box arithmetic is float32 where
+numpy 1.23 keeps it float32 (see `box_iou`, `GenEvalRules.relative_position`). Detections arriving as
+Python floats are rounded to float32 at those points.
 """
 from __future__ import annotations
 
@@ -41,12 +47,123 @@ class Detection:
 
 
 def box_iou(a: Box, b: Box) -> float:
-    """IoU of two pixel boxes with GenEval's inclusive (+1) convention."""
-    def area(x1: float, y1: float, x2: float, y2: float) -> float:
-        return max(x2 - x1 + 1, 0) * max(y2 - y1 + 1, 0)
-    inter = area(max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]))
-    union = area(*a) + area(*b) - inter
+    """IoU of two pixel boxes with GenEval's inclusive (+1) convention, as `compute_iou` computes it on
+    mmdet's float32 rows under numpy 1.23: each side x2 - x1 is a float32 difference, while the + 1 and
+    everything after it are float64 (numpy 1.x promotes float32 scalar + Python int to float64)."""
+    a32, b32 = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+
+    def area(x1: np.float32, y1: np.float32, x2: np.float32, y2: np.float32) -> float:
+        return max(float(x2 - x1) + 1, 0) * max(float(y2 - y1) + 1, 0)
+    inter = area(max(a32[0], b32[0]), max(a32[1], b32[1]), min(a32[2], b32[2]), min(a32[3], b32[3]))
+    union = area(*a32[:4]) + area(*b32[:4]) - inter
     return inter / union if union else 0.0
+
+
+# numpy 1.23's npysort quicksort.cpp: partitions of at most SMALL_QUICKSORT + 1 items are insertion-sorted
+_SMALL_QUICKSORT = 15
+
+
+def _less(x: float, y: float) -> bool:
+    """numpy's sort order for floats: NaN after every number."""
+    return x < y or (y != y and x == x)
+
+
+def _heap_argsort(v: Sequence[float], idx: list[int], lo: int, n: int) -> None:
+    """numpy's aheapsort_ on idx[lo:lo + n], in place (heap slots 1..n map to idx[lo - 1 + k])."""
+    base = lo - 1
+
+    def sift(i: int, item: int, size: int) -> None:
+        j = 2 * i
+        while j <= size:
+            if j < size and _less(v[idx[base + j]], v[idx[base + j + 1]]):
+                j += 1
+            if not _less(v[item], v[idx[base + j]]):
+                break
+            idx[base + i] = idx[base + j]
+            i, j = j, 2 * j
+        idx[base + i] = item
+
+    for top in range(n >> 1, 0, -1):
+        sift(top, idx[base + top], n)
+    while n > 1:
+        item = idx[base + n]
+        idx[base + n] = idx[base + 1]
+        n -= 1
+        sift(1, item, n)
+
+
+def _insertion_argsort(v: Sequence[float], idx: list[int], pl: int, pr: int) -> None:
+    """Stable insertion sort of idx[pl..pr] (numpy's small-partition sort)."""
+    for pi in range(pl + 1, pr + 1):
+        item = idx[pi]
+        pj = pi
+        while pj > pl and _less(v[item], v[idx[pj - 1]]):
+            idx[pj] = idx[pj - 1]
+            pj -= 1
+        idx[pj] = item
+
+
+def _partition(v: Sequence[float], idx: list[int], pl: int, pr: int) -> int:
+    """numpy's median-of-3 quicksort partition of idx[pl..pr]; returns the pivot's final slot."""
+    pm = pl + ((pr - pl) >> 1)
+    if _less(v[idx[pm]], v[idx[pl]]):
+        idx[pm], idx[pl] = idx[pl], idx[pm]
+    if _less(v[idx[pr]], v[idx[pm]]):
+        idx[pr], idx[pm] = idx[pm], idx[pr]
+    if _less(v[idx[pm]], v[idx[pl]]):
+        idx[pm], idx[pl] = idx[pl], idx[pm]
+    pivot = v[idx[pm]]
+    pi, pj = pl, pr - 1
+    idx[pm], idx[pj] = idx[pj], idx[pm]
+    while True:
+        pi += 1
+        while _less(v[idx[pi]], pivot):
+            pi += 1
+        pj -= 1
+        while _less(pivot, v[idx[pj]]):
+            pj -= 1
+        if pi >= pj:
+            break
+        idx[pi], idx[pj] = idx[pj], idx[pi]
+    idx[pi], idx[pr - 1] = idx[pr - 1], idx[pi]
+    return pi
+
+
+def _numpy123_argsort(values: Sequence[float]) -> list[int]:
+    """`np.argsort(values)` (default kind "quicksort") exactly as numpy 1.23 orders it, ties included.
+
+    numpy 1.23's argsort is an introsort (aquicksort_ in npysort/quicksort.cpp): median-of-3 partitions,
+    the larger side pushed on a stack, insertion sort below 17 items, heapsort once the depth budget
+    2 * floor(log2(n)) is spent. It is stable for up to 16 items only. numpy >= 1.25 dispatches argsort
+    to SIMD code on some CPUs, whose tie order differs, so calling np.argsort here would not match.
+    """
+    idx = list(range(len(values)))
+    stack: list[tuple[int, int, int]] = []
+    pl, pr = 0, len(values) - 1
+    depth = 2 * max(len(values).bit_length() - 1, 0)
+    while True:
+        if depth < 0:
+            _heap_argsort(values, idx, pl, pr - pl + 1)
+        else:
+            while pr - pl > _SMALL_QUICKSORT:
+                pi = _partition(values, idx, pl, pr)
+                depth -= 1
+                if pi - pl < pr - pi:  # keep the smaller side, stack the larger
+                    stack.append((pi + 1, pr, depth))
+                    pr = pi - 1
+                else:
+                    stack.append((pl, pi - 1, depth))
+                    pl = pi + 1
+            _insertion_argsort(values, idx, pl, pr)
+        if not stack:
+            return idx
+        pl, pr, depth = stack.pop()
+
+
+def _ranked(scores: np.ndarray) -> list[int]:
+    """Official order of one class's detections: `np.argsort(scores)[::-1]` on the float32 scores, so
+    of tied scores the later detection comes first (for up to 16 detections)."""
+    return _numpy123_argsort([float(x) for x in scores])[::-1]
 
 
 @dataclass(frozen=True)
@@ -60,22 +177,29 @@ class GenEvalRules:
     position_threshold: float = 0.1
 
     def select(self, detections: Iterable[Detection], tag: str) -> dict[str, list[Detection]]:
-        """Detections -> per class, the kept ones sorted by descending score."""
-        cutoff = self.counting_threshold if tag == "counting" else self.threshold
+        """Detections -> per class, the kept ones in the official order (descending float32 score).
+
+        As evaluate_image: per class (detections in input order = mmdet's per-class rows), rank all of
+        them by `np.argsort(scores)[::-1]`, keep those with float32 score > float32 threshold, cap to
+        max_objects, then greedy suppression by IoU >= max_overlap unless max_overlap == 1.
+        """
+        # a float32 array compared with a Python float: numpy compares in float32
+        cutoff = np.float32(self.counting_threshold if tag == "counting" else self.threshold)
         by_class: dict[str, list[Detection]] = {}
         for det in detections:
-            if det.score > cutoff:
-                by_class.setdefault(det.cls, []).append(det)
+            by_class.setdefault(det.cls, []).append(det)
         kept: dict[str, list[Detection]] = {}
         for cls, dets in by_class.items():
-            queue = sorted(dets, key=lambda d: -d.score)[: self.max_objects]
+            scores = np.asarray([d.score for d in dets], dtype=np.float32)
+            queue = [i for i in _ranked(scores) if scores[i] > cutoff][: self.max_objects]
             chosen: list[Detection] = []
             while queue:
-                best = queue.pop(0)
+                best = dets[queue.pop(0)]
                 chosen.append(best)
-                if self.max_overlap < 1:
-                    queue = [d for d in queue if box_iou(best.box, d.box) < self.max_overlap]
-            kept[cls] = chosen
+                queue = [i for i in queue
+                         if self.max_overlap == 1 or box_iou(best.box, dets[i].box) < self.max_overlap]
+            if chosen:
+                kept[cls] = chosen
         return kept
 
     def relative_position(self, a: Detection, b: Detection) -> set[str]:
@@ -84,16 +208,18 @@ class GenEvalRules:
         Centre offset per axis, shrunk towards 0 by position_threshold x (sum of the two box
         extents along that axis), normalised by the raw offset's length; a relation holds when its
         component passes 0.5. Both shrunk components < 1e-3 -> no relation (empty set).
+        All in float32, as the official code runs it on mmdet's float32 boxes.
         """
-        boxes = np.asarray([a.box, b.box], dtype=np.float64).reshape(2, 2, 2)  # [obj, corner, xy]
-        centre_a, centre_b = boxes.mean(axis=1)
-        extent_a, extent_b = np.abs(boxes[:, 1] - boxes[:, 0])
+        boxes = np.asarray([a.box[:4], b.box[:4]], dtype=np.float32).reshape(2, 2, 2)  # [obj, corner, xy]
+        centre_a, centre_b = boxes.mean(axis=-2)  # float32: (x1 + x2) rounded to float32, halved
+        extent_a, extent_b = np.abs(np.diff(boxes, axis=-2))[..., 0, :]
         offset = centre_a - centre_b
-        shrunk = np.maximum(np.abs(offset) - self.position_threshold * (extent_a + extent_b), 0)
-        revised = shrunk * np.sign(offset)
-        if np.all(np.abs(revised) < 1e-3):
+        # numpy casts the Python-float threshold to float32 against a float32 array
+        shrink = np.float32(self.position_threshold) * (extent_a + extent_b)
+        revised = np.maximum(np.abs(offset) - shrink, np.float32(0)) * np.sign(offset)
+        if np.all(np.abs(revised) < np.float32(1e-3)):
             return set()
-        dx, dy = revised / np.linalg.norm(offset)
+        dx, dy = revised / np.linalg.norm(offset)  # float32 norm and quotient
         found = {"left of": dx < -0.5, "right of": dx > 0.5, "above": dy < -0.5, "below": dy > 0.5}
         return {rel for rel, holds in found.items() if holds}
 

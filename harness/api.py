@@ -6,6 +6,7 @@ Everything the three packages exchange is defined here; `harness` reaches `basel
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -25,10 +26,39 @@ class Prompt:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+class InputError(Exception):
+    """A problem the user can fix (a config value, a file, a folder). Its message names the field or
+    file and the fix; `python -m harness` prints it without a traceback and exits with status 2.
+    Concrete errors subclass it together with the built-in type they are (ValueError, OSError)."""
+
+
+class ConfigValueError(InputError, ValueError):
+    """A config value of the wrong type or out of range."""
+
+
+def checked_number(field: str, value: Any, *, integer: bool = False, low: float | None = None,
+                   low_open: bool = False, high: float | None = None) -> Any:
+    """`value` if it is a finite number (an int when `integer`) within [low, high] (low excluded when
+    `low_open`), else ConfigValueError naming `field`. Booleans and numeric strings are refused."""
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise ConfigValueError(f"{field} must be {kind}, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ConfigValueError(f"{field} must be a finite number, got {value!r}")
+    below = low is not None and (value <= low if low_open else value < low)
+    if below or (high is not None and value > high):
+        lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+        hi = "" if high is None else f"<= {high}"
+        raise ConfigValueError(f"{field} must be {' and '.join(b for b in (lo, hi) if b)}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
     """How logits become a distribution. p is always: CFG-mixed logits -> temperature -> top-k ->
-    top-p. `temperature == 0` means greedy (argmax)."""
+    top-p. `temperature == 0` means greedy (argmax). Every field is checked at construction: finite,
+    of the right type, in range."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -36,14 +66,11 @@ class SamplingParams:
     cfg_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"sampling.top_k must be >= 1 or null (no top-k), got {self.top_k}")
-        if self.cfg_scale < 0:
-            raise ValueError(f"sampling.cfg_scale must be >= 0, got {self.cfg_scale}")
+        checked_number("sampling.temperature", self.temperature, low=0)  # 0 = greedy
+        checked_number("sampling.top_p", self.top_p, low=0, low_open=True, high=1)
+        if self.top_k is not None:
+            checked_number("sampling.top_k", self.top_k, integer=True, low=1)  # null = no top-k
+        checked_number("sampling.cfg_scale", self.cfg_scale, low=0)
 
     @property
     def greedy(self) -> bool:
@@ -124,6 +151,8 @@ class ModelBundle:
     conditioner: Any  # callable: Sequence[str] -> Condition
     drafter: ARImageModel | None = None
     small_drafter: ARImageModel | None = None
+    weights_id: str | None = None  # identifies the weights (e.g. a manifest digest); None: the
+                                   # harness digests the models' parameters when it needs an id
 
     def condition(self, prompts: Sequence[str]) -> Condition:
         return self.conditioner(prompts)

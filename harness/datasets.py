@@ -5,18 +5,20 @@ import json
 import logging
 from pathlib import Path
 
-from harness.api import Prompt
+from harness.api import InputError, Prompt, checked_number
 
 log = logging.getLogger(__name__)
 
 
-class PromptFileError(ValueError):
+class PromptFileError(InputError, ValueError):
     """A prompts file is missing or malformed; the message names the path and line."""
 
 
 def shapes(n: int = 64, seed: int = 0) -> list[Prompt]:
     """The shapes world's GenEval-style prompt set: n captions, balanced over the six tags."""
     from harness.shapes.scenes import prompt_set
+    checked_number("dataset.n", n, integer=True, low=1)
+    checked_number("dataset.seed", seed, integer=True)
 
     return [Prompt(id=f"shapes/{i:05d}", text=m["prompt"], meta=m) for i, m in enumerate(prompt_set(n, seed))]
 
@@ -27,7 +29,7 @@ def prompt_file(path: str | Path) -> list[Prompt]:
     p = Path(path)
     if not p.is_file():
         raise PromptFileError(f"prompts file {p} does not exist; set dataset.path to a .txt or .jsonl file")
-    lines = p.read_text(encoding="utf-8").splitlines()
+    lines = _text_lines(p)
     if p.suffix == ".jsonl":
         prompts = [_jsonl_prompt(p, i + 1, line) for i, line in enumerate(lines) if line.strip()]
     else:
@@ -39,6 +41,17 @@ def prompt_file(path: str | Path) -> list[Prompt]:
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
         raise PromptFileError(f"prompts file {p} repeats prompt ids {dup}; ids must be unique")
     return prompts
+
+
+def _text_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, or PromptFileError naming the first line that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise PromptFileError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+                              f"{err.start}); save the prompts file as UTF-8") from err
 
 
 def _jsonl_prompt(path: Path, lineno: int, line: str) -> Prompt:

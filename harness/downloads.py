@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.api import InputError
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "MULO_BENCH_CACHE"
@@ -29,11 +31,11 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
-class DownloadError(RuntimeError):
+class DownloadError(InputError, RuntimeError):
     """A pinned file could not be downloaded; the message names the URL and the offline fix."""
 
 
-class ChecksumError(ValueError):
+class ChecksumError(InputError, ValueError):
     """A file does not have its pinned hash; the message names the file and both hashes."""
 
 

@@ -5,16 +5,21 @@ made it (following lm-evaluation-harness's result schema).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import platform
+import re
 import shutil
 import subprocess
 import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
+
+import torch
 
 from harness.samples import write_atomic
 
@@ -27,6 +32,8 @@ PACKAGES = (
     "hydra-submitit-launcher", "open_clip_torch", "torch-fidelity",
 )
 UNKNOWN = "unknown"
+# The exact package set CI installs (docs/install.md); shipped in the wheel, so installed runs name it too.
+LOCK_FILE = Path(__file__).resolve().parent / "data" / "requirements.lock"
 _SUBPROCESS_TIMEOUT_S = 10
 
 
@@ -52,6 +59,7 @@ def write_run_json(
         "updated_utc": now,
         "git": git_state(PROJECT_ROOT),
         "packages": package_versions(PACKAGES),
+        "lock": lock_state(LOCK_FILE),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": platform.node(),
@@ -59,8 +67,9 @@ def write_run_json(
         "config": dict(cfg_resolved),
         "extra": dict(extra or {}),
     }
-    # default=str keeps odd config leaves (paths, enums) readable instead of failing the run.
-    text = json.dumps(record, indent=2, sort_keys=False, default=str)
+    # default=str keeps odd config leaves (paths, enums) readable instead of failing the run; NaN and
+    # infinities become null, so the file is strict JSON that every parser reads.
+    text = json.dumps(strict_json(record), indent=2, sort_keys=False, default=str, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text.encode("utf-8"))
     log.info("wrote provenance to %s (commit %s)", path, record["git"]["commit"])
@@ -77,6 +86,30 @@ def git_state(repo: Path) -> dict[str, Any]:
         return {"commit": UNKNOWN, "dirty": UNKNOWN}
     status = _git(repo, "status", "--porcelain")
     return {"commit": commit, "dirty": UNKNOWN if status is None else bool(status)}
+
+
+def lock_state(path: Path = LOCK_FILE) -> dict[str, Any]:
+    """The lock file's sha256 and how the running environment departs from its pins.
+
+    Returns {"file", "sha256", "pins": number of pinned packages, "differs": {name: installed
+    version or None} for every pin the environment does not match}; an empty `differs` means this
+    run used exactly the locked set (besides packages the lock does not name).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return {"file": path.name, "sha256": UNKNOWN, "pins": 0, "differs": UNKNOWN}
+    pins = dict(_LOCK_PIN.findall(data.decode("utf-8", errors="replace")))
+    installed = package_versions(tuple(pins))
+    return {
+        "file": f"harness/data/{path.name}" if path == LOCK_FILE else str(path),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "pins": len(pins),
+        "differs": {name: installed[name] for name, version in pins.items() if installed[name] != version},
+    }
+
+
+_LOCK_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", re.MULTILINE)
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -154,3 +187,29 @@ def _nvidia_driver() -> str | None:
         return None
     lines = done.stdout.strip().splitlines()
     return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, +-inf) replaced by None, containers walked."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def weights_digest(modules: Iterable[Any]) -> str:
+    """blake2b digest of the parameters and buffers of `modules` (torch modules; None skipped):
+    names, dtypes, shapes and bytes, in order. Identifies the weights a SampleSet was made with when
+    a bundle declares no `weights_id` (e.g. random or hub weights)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for index, module in enumerate(modules):
+        if module is None:
+            continue
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(f"{index}:{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()

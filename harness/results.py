@@ -7,6 +7,8 @@ prints decoders as rows and metrics as columns (subset "all").
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import sys
@@ -16,9 +18,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from harness.api import METRIC_COLUMNS
+from harness.api import METRIC_COLUMNS, InputError
+from harness.samples import write_atomic
 
 SUMMARY_NAME = "summary.csv"
+META_NAME = "summary.meta.json"  # row count and sha256 of summary.csv, written with it
 _BULKY_DIRS = frozenset({"images", "records", ".hydra"})  # never hold a summary; skip the walk
 _MISSING = "-"
 
@@ -42,12 +46,94 @@ def find_summaries(paths: Sequence[Path | str]) -> list[Path]:
     return list(unique.values())
 
 
+class SummaryFileError(InputError, ValueError):
+    """A summary.csv that is not a complete, well-formed summary table."""
+
+
+def write_summary(path: Path | str, frame: pd.DataFrame) -> None:
+    """Write `frame` to `path` (summary.csv) atomically, with its row count and sha256 in the
+    sidecar `summary.meta.json`, written first, so `read_summary` notices a truncated or
+    replaced table."""
+    path = Path(path)
+    data = frame.to_csv(index=False).encode("utf-8")
+    meta = {"rows": len(frame), "columns": list(map(str, frame.columns)),
+            "sha256": hashlib.sha256(data).hexdigest()}
+    write_atomic(path.with_name(META_NAME), json.dumps(meta, indent=1).encode())
+    write_atomic(path, data)
+
+
+def read_summary(path: Path | str) -> pd.DataFrame:
+    """Read and validate one summary.csv.
+
+    Checks: it parses as CSV; it has the METRIC_COLUMNS; `value` and `stderr` are numbers (NaN
+    allowed), `n` is a whole number, `higher_is_better` is true/false, `metric` is never empty; and,
+    when the sidecar summary.meta.json exists, the row count recorded when it was written.
+
+    Raises:
+        SummaryFileError: naming the file and what is wrong with it.
+    """
+    path = Path(path)
+    fix = "rerun the evaluate stage of that run (stages=[evaluate]) to write it again"
+    try:
+        frame = pd.read_csv(path, dtype={"metric": str, "subset": str})
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise SummaryFileError(f"{path} is not a readable CSV ({type(err).__name__}: "
+                               f"{str(err).strip()[:200]}); {fix}") from err
+    missing = [c for c in METRIC_COLUMNS if c not in frame.columns]
+    if missing:
+        raise SummaryFileError(f"{path} is not a summary table: it lacks the columns {missing}; {fix}")
+    _check_column_types(path, frame, fix)
+    meta = _read_meta(path)
+    if meta is not None and meta.get("rows") != len(frame):
+        raise SummaryFileError(f"{path} has {len(frame)} rows but {meta.get('rows')} were written "
+                               f"({path.with_name(META_NAME).name}): it was truncated or cut short; {fix}")
+    return frame
+
+
+def _check_column_types(path: Path, frame: pd.DataFrame, fix: str) -> None:
+    """SummaryFileError unless every column holds values of its type."""
+    for column in ("value", "stderr", "n"):
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        bad = frame[column].notna() & numbers.isna()
+        if column == "n":
+            bad |= numbers.notna() & (numbers != numbers.round())
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise SummaryFileError(f"{path}: column {column!r} holds {frame[column].iloc[row]!r} on data row "
+                                   f"{row + 1}, not a {'whole ' if column == 'n' else ''}number; {fix}")
+    flags = frame["higher_is_better"].astype(str).str.strip().str.lower()
+    bad = ~flags.isin({"true", "false", "1", "0", "1.0", "0.0"})
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        raise SummaryFileError(f"{path}: column 'higher_is_better' holds {frame['higher_is_better'].iloc[row]!r} "
+                               f"on data row {row + 1}, not true/false; {fix}")
+    empty = frame["metric"].isna() | (frame["metric"].astype(str).str.strip() == "")
+    if empty.any():
+        raise SummaryFileError(f"{path}: data row {int(empty.to_numpy().nonzero()[0][0]) + 1} has no metric; {fix}")
+
+
+def _read_meta(path: Path) -> dict | None:
+    """The sidecar of `path`, or None when there is none (tables written before it existed)."""
+    meta_path = path.with_name(META_NAME)
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise SummaryFileError(f"{meta_path}, the row count of {path}, is corrupt ({err}); rerun the "
+                               "evaluate stage of that run to write both again") from err
+    if not isinstance(meta, dict):
+        raise SummaryFileError(f"{meta_path}, the row count of {path}, is corrupt (not a JSON object); "
+                               "rerun the evaluate stage of that run to write both again")
+    return meta
+
+
 def load(paths: Sequence[Path | str]) -> pd.DataFrame:
     """Concatenate the summary.csv files under `paths`, adding the `run_dir` each came from.
 
     Raises:
         FileNotFoundError: a path does not exist, or no summary.csv is found.
-        ValueError: a summary.csv lacks the METRIC_COLUMNS.
+        SummaryFileError: a summary.csv is unreadable, truncated or malformed (read_summary).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -57,13 +143,7 @@ def load(paths: Sequence[Path | str]) -> pd.DataFrame:
             f"no {SUMMARY_NAME} found under {', '.join(map(str, paths))}; pass run directories "
             "written by `python -m harness` (results/<name>/<time>) whose evaluate stage has run"
         )
-    frames = []
-    for file in files:
-        frame = pd.read_csv(file)
-        missing = [c for c in METRIC_COLUMNS if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{file} is not a summary table: it lacks the columns {missing}")
-        frames.append(frame.assign(run_dir=str(file.parent)))
+    frames = [read_summary(file).assign(run_dir=str(file.parent)) for file in files]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -137,7 +217,8 @@ def format_table(
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: print the Markdown table of the runs under the given directories."""
     parser = argparse.ArgumentParser(
-        prog="python -m harness.results",
+        prog=("mulo-bench-results" if sys.argv[0].endswith("mulo-bench-results")
+              else "python -m harness.results"),
         description="Print the summary.csv tables found under run directories as one table.",
     )
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories (searched recursively)")

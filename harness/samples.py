@@ -6,6 +6,9 @@ Layout under `root`:
     records/<sample_id>.json   prompt, seed, PNG size and decode stats; written after the PNG, so
                                its presence marks the sample complete
     samples.csv, stats.csv     consolidated, sorted copies of the records (`consolidate()`)
+    binding.json               what produced the samples (model weights, decoder configuration,
+                               sampling, seed, engine; `bind()`): a generate stage with another
+                               configuration refuses to add to or reuse the set
 
 Every file is written atomically (temporary file in the same folder, then `os.replace`), so a
 killed job leaves either a complete sample or a leftover that `pending()` deletes and regenerates.
@@ -30,32 +33,37 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from harness.api import Prompt
+from harness.api import InputError, Prompt
 from harness.seeding import image_seed
 
 log = logging.getLogger(__name__)
 
 RECORD_FORMAT = 1
+BINDING_FILE = "binding.json"
 RECORD_COLUMNS = ("sample_id", "prompt_id", "prompt", "image_index", "seed", "path", "meta")
 _VERBATIM = frozenset(string.ascii_letters + string.digits + "_")
 _MAX_ENCODED_ID = 150  # keeps "<id>_<index>.json" and temp names well under 255 bytes
 _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
-class NotWritableError(OSError):
+class NotWritableError(InputError, OSError):
     """The SampleSet's root cannot be created or written."""
 
 
-class IncompleteSampleSetError(RuntimeError):
+class IncompleteSampleSetError(InputError, RuntimeError):
     """An evaluate stage was asked to score a SampleSet that lacks planned samples."""
 
 
-class CorruptImageError(OSError):
+class CorruptImageError(InputError, OSError):
     """A sample's PNG cannot be decoded."""
 
 
-class SampleMismatchError(ValueError):
+class SampleMismatchError(InputError, ValueError):
     """A stored sample was generated for a different prompt text or seed than the plan asks for."""
+
+
+class BindingMismatchError(InputError, ValueError):
+    """A SampleSet holds samples made under another configuration than the one asking to add to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,14 +157,66 @@ def write_atomic(path: Path, data: bytes) -> None:
 class SampleSet:
     """Images, prompts and per-image decode stats of one generation run, on disk under `root`."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, only: Iterable[str] | None = None) -> None:
         self.root = Path(root)
         self.images_dir = self.root / "images"
         self.records_dir = self.root / "records"
+        self.only = None if only is None else frozenset(only)  # sample ids this view reads
         self._writable = False
+        if self.root.exists() and not self.root.is_dir():
+            raise NotWritableError(f"sample set folder {self.root} is a file, not a folder; point "
+                                   "samples_dir (or hydra.run.dir) at a folder")
 
     def __repr__(self) -> str:
-        return f"SampleSet({str(self.root)!r})"
+        view = "" if self.only is None else f", {len(self.only)} planned samples"
+        return f"SampleSet({str(self.root)!r}{view})"
+
+    def view(self, specs: Sequence[SampleSpec]) -> "SampleSet":
+        """The same folder restricted to the samples of `specs`: records(), stats() and prompts()
+        read only those, so an evaluator scores exactly a run's plan, not every stored sample."""
+        return SampleSet(self.root, only=[spec.sample_id for spec in specs])
+
+    def binding(self) -> dict[str, Any] | None:
+        """The stored binding (what produced the samples), or None when the set has none."""
+        path = self.root / BINDING_FILE
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise BindingMismatchError(
+                f"{path} is unreadable or corrupt ({exc}); use a fresh output directory, or rerun "
+                "with overwrite_samples=true to delete this set's samples and start it again") from exc
+
+    def bind(self, binding: dict[str, Any], overwrite: bool = False) -> None:
+        """Bind the set to `binding` (JSON-serialisable) before anything is generated into it.
+
+        A new set stores `binding`. A set bound to the same binding is resumed. A set bound to
+        another one, or holding samples without a binding, is refused with BindingMismatchError
+        naming the differing keys, unless `overwrite`: then its samples are deleted first. Shard
+        jobs of one sweep compute equal bindings, so they share one set.
+        """
+        self.ensure_writable()
+        wanted = json.loads(json.dumps(binding, sort_keys=True))  # the form it takes on disk
+        stored = self.binding()
+        if stored == wanted:
+            return
+        has_samples = any(self.records_dir.glob("*.json"))
+        if stored is not None or has_samples:
+            if not overwrite:
+                raise BindingMismatchError(_binding_message(self.root, stored, wanted))
+            log.warning("%s: overwrite_samples=true, deleting the samples made under another "
+                        "configuration (%s)", self, "; ".join(binding_differences(stored, wanted)[:5]))
+            self._delete_samples()
+        write_atomic(self.root / BINDING_FILE, json.dumps(wanted, indent=1, sort_keys=True).encode())
+
+    def _delete_samples(self) -> None:
+        """Remove every image, record and consolidated table of the set (not the folder)."""
+        for folder in (self.images_dir, self.records_dir):
+            for path in folder.iterdir():
+                path.unlink()
+        for name in ("samples.csv", "stats.csv", BINDING_FILE):
+            (self.root / name).unlink(missing_ok=True)
 
     def image_path(self, sample_id: str) -> Path:
         """Path of the PNG of `sample_id` (which need not exist)."""
@@ -363,7 +423,7 @@ class SampleSet:
             return []
         records = []
         for path in self.records_dir.glob("*.json"):
-            if path.name.startswith("."):
+            if path.name.startswith(".") or (self.only is not None and path.stem not in self.only):
                 continue
             record = self._read_record(path.stem)
             if record is None:
@@ -454,3 +514,36 @@ def _stats_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """The stats table (sample_id + stats columns) of `records`."""
     rows = [{"sample_id": record["sample_id"], **record["stats"]} for record in records]
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["sample_id"])
+
+
+def binding_differences(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
+    """'key: stored X, now Y' for every dotted leaf key whose value differs."""
+    old, new = _leaves(stored or {}), _leaves(wanted)
+    return [f"{key}: stored {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
+            for key in sorted(old.keys() | new.keys()) if old.get(key, _ABSENT) != new.get(key, _ABSENT)]
+
+
+_ABSENT = object()
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts into {"a.b.c": leaf}; lists are leaves."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _binding_message(root: Path, stored: dict[str, Any] | None, wanted: dict[str, Any]) -> str:
+    """The refusal of a generate stage into a set made under another configuration."""
+    if stored is None:
+        what = f"holds samples but no {BINDING_FILE}, so what made them is unknown"
+    else:
+        diffs = binding_differences(stored, wanted)
+        shown = "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        what = f"was generated under another configuration ({shown})"
+    return (f"sample set {root} {what}. Its images would be reused as if this run had made them. "
+            "Either write into a fresh directory (a new hydra.run.dir, or samples_dir=<new folder>), "
+            "or rerun with overwrite_samples=true to delete its samples and generate them again.")

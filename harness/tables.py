@@ -127,7 +127,8 @@ def write_reports(frame: pd.DataFrame, facts: pd.DataFrame, done: Regenerated, o
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; prints every table as Markdown."""
-    parser = argparse.ArgumentParser(prog="python -m harness.tables", description=__doc__.split("\n\n")[0],
+    prog = "mulo-bench-tables" if sys.argv[0].endswith("mulo-bench-tables") else "python -m harness.tables"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="paper tables: " + tables_help())
     parser.add_argument("dirs", nargs="*", type=Path, default=[Path("results")],

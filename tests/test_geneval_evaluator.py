@@ -216,7 +216,7 @@ def test_color_classifier_decides_the_colours(clean_set: SampleSet) -> None:
     classifier = AllWhite()
     ev = GenEvalEvaluator(ShapesBackend(), color_classifier=classifier, show_progress=False)
     result = ev.evaluate(clean_set)
-    assert ev.version == "geneval-rules-1/shapes-detector-1/all-white"
+    assert ev.version == "geneval-rules-2/shapes-detector-1/all-white"
     colour_clauses = [[c for c in p.meta["include"] if "color" in c] for p in PROMPTS]
     expected = [all(c["color"] == "white" for c in clauses) for clauses in colour_clauses]
     assert result.per_sample is not None
@@ -225,9 +225,9 @@ def test_color_classifier_decides_the_colours(clean_set: SampleSet) -> None:
 
 
 def test_version_encodes_rules_options_and_backend() -> None:
-    assert GenEvalEvaluator(ShapesBackend()).version == "geneval-rules-1/shapes-detector-1"
+    assert GenEvalEvaluator(ShapesBackend()).version == "geneval-rules-2/shapes-detector-1"
     strict = GenEvalEvaluator(ShapesBackend(min_area=0.01), threshold=0.5)
-    assert strict.version == "geneval-rules-1(threshold=0.5)/shapes-detector-1(min_area=0.01)"
+    assert strict.version == "geneval-rules-2(threshold=0.5)/shapes-detector-1(min_area=0.01)"
     with pytest.raises(ValueError, match="batch_size"):
         GenEvalEvaluator(ShapesBackend(), batch_size=0)
 
@@ -236,7 +236,7 @@ def test_config_composes_into_a_working_evaluator(tmp_path: Path) -> None:
     cfg = compose_cfg(["evaluator=[geneval_shapes]"])
     ev = _build(cfg.evaluator.geneval_shapes)
     assert isinstance(ev, GenEvalEvaluator) and isinstance(ev.detector, ShapesBackend)
-    assert ev.name == "geneval" and ev.version == "geneval-rules-1/shapes-detector-1"
+    assert ev.name == "geneval" and ev.version == "geneval-rules-2/shapes-detector-1"
     ev.show_progress = False
     samples = write_set(tmp_path, PROMPTS[:6])
     result = ev.evaluate(samples)

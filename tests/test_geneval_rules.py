@@ -87,6 +87,97 @@ def test_select_sorts_by_score() -> None:
     assert set(kept) == {"circle", "square"}
 
 
+# Float32 parity: evaluate_images.py works on mmdet's float32 result arrays (GenEval pins numpy 1.23.1).
+
+
+def test_threshold_compares_float32_score_with_float32_threshold() -> None:
+    # `bbox[index][ordering, 4] > confidence_threshold`: a float32 array against a Python float, which
+    # numpy compares in float32, so the threshold is float32(0.3) = 0.30000001192...
+    just_above = 0.30000001
+    assert just_above > 0.3 and np.float32(just_above) == np.float32(0.3)
+    assert RULES.evaluate([det("circle", 20, 20, score=just_above)], SINGLE) == (False, "expected circle>=1, found 0")
+    # a detector's float32 0.3, handed over as a Python float, is above 0.3 in float64 but equal in float32
+    f32_point_3 = float(np.float32(0.3))
+    assert f32_point_3 > 0.3
+    assert not RULES.evaluate([det("circle", 20, 20, score=f32_point_3)], SINGLE)[0]
+    # the next float32 up passes
+    next_up = float(np.nextafter(np.float32(0.3), np.float32(1)))
+    assert RULES.evaluate([det("circle", 20, 20, score=next_up)], SINGLE)[0]
+    # counting: 0.9000000001 > 0.9 in float64, but rounds onto float32(0.9) = 0.89999998
+    over = 0.9000000001
+    assert over > 0.9 and np.float32(over) == np.float32(0.9)
+    assert not RULES.evaluate([det("circle", 10, 10, over), det("circle", 40, 40, 0.95)], two_of("circle"))[0]
+
+
+def test_position_centre_is_a_float32_sum() -> None:
+    # b spans x 0..10 (centre 5); a spans x 4 + 2**-21 .. 14, both ends exact in float32.
+    # float64: centre 9 + 2**-22, width 10 - 2**-21, dx = (4 + 2**-22 - 0.1 * (20 - 2**-21)) / (4 + 2**-22)
+    #   = 0.50000003 > 0.5 -> "right of".
+    # float32 (boxes.mean on the float32 boxes): x1 + x2 = 18 + 2**-21 rounds to 18 (float32 spacing at 18
+    #   is 2**-19) and the width 10 - 2**-21 rounds (half to even) to 10: dx = (4 - 2) / 4 = 0.5, not > 0.5.
+    a = Detection("circle", (4 + 2.0 ** -21, 0.0, 14.0, 10.0), 0.95)
+    b = Detection("square", (0.0, 0.0, 10.0, 10.0), 0.95)
+    assert float(np.float32(a.box[0])) == a.box[0]
+    assert RULES.relative_position(a, b) == set()
+    assert RULES.evaluate([b, a], position("right of")) == (False, "expected circle right of target, found  target")
+
+
+def test_position_threshold_is_float32() -> None:
+    # widths 10 (a) and 33 (b): shrink = 0.1 * 43. a starts at float32(20.1) = 20.100000381...
+    # float32: float32(0.1) * 43 = 4.30000006 rounds to float32(4.3) = 4.30000019, exactly half the centre
+    #   offset float32(20.1) + 5 - 16.5 = 8.60000038, so dx = 0.5: no relation.
+    # float64: dx = (8.60000038 - 4.3) / 8.60000038 = 0.50000002 > 0.5: "right of".
+    x1 = float(np.float32(20.1))
+    a = Detection("circle", (x1, 0.0, x1 + 10, 10.0), 0.95)
+    b = Detection("square", (0.0, 0.0, 33.0, 10.0), 0.95)
+    offset = x1 + 5 - 16.5
+    assert (offset - 0.1 * 43) / offset > 0.5
+    assert np.float32(np.float32(0.1) * np.float32(43)) == np.float32(offset) / 2
+    assert RULES.relative_position(a, b) == set()
+    assert not RULES.evaluate([b, a], position("right of"))[0]
+
+
+def test_iou_sides_are_float32() -> None:
+    # compute_iou on float32 rows: b's side 19.000000001 is 19 in float32, IoU = 100 / 200 = 0.5 exactly,
+    # which is not < max_overlap 0.5, so b is suppressed (in float64 IoU is just below 0.5 and b stays)
+    a = Detection("circle", (0.0, 0.0, 9.0, 9.0), 0.9)
+    b = Detection("circle", (0.0, 0.0, 9.0, 19.000000001), 0.8)
+    assert 100 / (10 * 20.000000001) < 0.5
+    assert box_iou(a.box, b.box) == 0.5
+    assert GenEvalRules(max_overlap=0.5).select([a, b], "two_object")["circle"] == [a]
+    # only the sides are float32: numpy 1.23 makes `side + 1` float64, so areas and the quotient are
+    # float64. c's side 17 + 2**-19 (exact in float32) gives IoU 90 / 180.000019 < 0.5 and c stays;
+    # all-float32 arithmetic would round the union to 180 and suppress it
+    c = Detection("circle", (0.0, 0.0, 9.0, 17 + 2.0 ** -19), 0.8)
+    small = Detection("circle", (0.0, 0.0, 9.0, 8.0), 0.9)
+    assert box_iou(small.box, c.box) == 90 / (10 * (18 + 2.0 ** -19)) < 0.5
+    assert GenEvalRules(max_overlap=0.5).select([small, c], "two_object")["circle"] == [small, c]
+
+
+def test_tied_scores_put_the_later_detection_first() -> None:
+    # `np.argsort(scores)[::-1]`: numpy's quicksort insertion-sorts up to 16 items, keeping tied ones in
+    # input order, and the reversal then ranks the later of two tied detections first
+    red = meta("colors", [{"class": "circle", "count": 1, "color": "red"}])
+    tied = [det("circle", 10, 10, 0.8, "blue"), det("circle", 40, 40, 0.8, "red")]
+    assert RULES.evaluate(tied, red) == (True, "")
+    # tied in float32 only: 0.80000001 and 0.8 are both float32(0.8)
+    assert 0.80000001 > 0.8 and np.float32(0.80000001) == np.float32(0.8)
+    tied32 = [det("circle", 10, 10, 0.80000001, "blue"), det("circle", 40, 40, 0.8, "red")]
+    assert [d.color for d in RULES.select(tied32, "colors")["circle"]] == ["red", "blue"]
+    assert RULES.evaluate(tied32, red)[0]
+
+
+def test_many_tied_scores_follow_numpys_introsort() -> None:
+    # 20 circles, all 0.5 except 0.2 at inputs 3 and 11. The official code sorts the whole class (below
+    # threshold included) with numpy's default argsort, which partitions arrays over 16 items and is then
+    # not stable. numpy 1.23.5 (GenEval pins 1.23.1) gives, reversed:
+    # [19, 18, 1, 2, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 17, 0, 11, 3]; threshold and the cap of 16
+    # keep the first 16 of these (inputs 0 and 17 are dropped, not 18 and 19)
+    dets = [det("circle", 10 * i, 5, 0.2 if i in (3, 11) else 0.5) for i in range(20)]
+    kept = RULES.select(dets, "counting_free")["circle"]
+    assert [next(i for i, d0 in enumerate(dets) if d0 is d) for d in kept] == [19, 18, 1, 2, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16]
+
+
 def test_box_iou_uses_inclusive_pixels() -> None:
     assert box_iou((0, 0, 9, 9), (0, 0, 9, 9)) == 1.0
     assert box_iou((0, 0, 9, 9), (10, 0, 19, 9)) == 0.0

@@ -11,13 +11,15 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
+from harness.api import InputError
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
-class WeightsError(RuntimeError):
+class WeightsError(InputError, RuntimeError):
     """A weights file is missing, unreadable or does not match the architecture."""
 
 

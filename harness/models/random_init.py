@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.api import ModelBundle
+from harness.api import ConfigValueError, ModelBundle, checked_number
 from harness.models.conditioners import HashedWordConditioner
 from harness.models.gpt import GPT, GPTConfig
 from harness.models.image_model import TokenImageModel
@@ -27,6 +27,14 @@ def build(name: str = "random", grid: int = 8, vocab: int = 64, dim: int = 64, n
           draft_ratio: int = 2, seed: int = 0) -> ModelBundle:
     """Target at `grid x grid`, drafter at `grid / draft_ratio` (same family), small drafter at the
     target's grid with one layer; all share one patch tokenizer and one conditioner."""
+    for key, value in (("grid", grid), ("vocab", vocab), ("dim", dim), ("n_layer", n_layer),
+                       ("n_head", n_head), ("prefix_len", prefix_len), ("word_vocab", word_vocab),
+                       ("draft_ratio", draft_ratio)):
+        checked_number(f"model.{key}", value, integer=True, low=1)
+    if grid % draft_ratio:
+        raise ConfigValueError(f"model.grid ({grid}) must be a multiple of model.draft_ratio ({draft_ratio})")
+    if dim % n_head:
+        raise ConfigValueError(f"model.dim ({dim}) must be a multiple of model.n_head ({n_head})")
     tok = PatchTokenizer(vocab, patch=4, seed=seed)
     common = dict(vocab=vocab, n_head=n_head, prefix_len=prefix_len, word_vocab=word_vocab,
                   pos_embed=pos_embed, tokenizer=tok)

@@ -4,6 +4,8 @@ the x2 world (target 32x32 at 128 px, drafter 16x16 at 64 px trained on from the
 drafter 32x32)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -45,4 +47,10 @@ def load(weights_dir: str | Path | None = None, drafter: bool = True, small_draf
                            "retrain them with one recipe")
     tokenize, slots, _ = ENCODINGS[encodings["target"]]
     name = "shapes" if world == "x1" else f"shapes_{world}"
-    return ModelBundle(name=name, conditioner=WordIdConditioner(tokenize, slots), **bundle)
+    return ModelBundle(name=name, conditioner=WordIdConditioner(tokenize, slots), **bundle,
+                       weights_id="manifest:" + _digest(files))
+
+
+def _digest(files: dict) -> str:
+    """sha256 of the manifest's file table (every file's sha256 and size): the weights' identity."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()

@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from harness.api import InputError
+
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 SHAPES = ("circle", "square", "triangle", "cross")
 COLOR_NAMES = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
@@ -166,19 +168,31 @@ def sample_meta(tag: str, rng: np.random.Generator) -> Meta:
     return make_meta(tag, shapes, colors)
 
 
+class CaptionError(InputError, ValueError):
+    """A caption outside the shapes grammar (the message quotes it, shortened)."""
+
+
 def _check_words(caption: str) -> list[str]:
     words = caption.split()
     for word in words:
         if word not in _INDEX or word == "<pad>":
-            raise ValueError(
-                f"word {word!r} of caption {caption!r} is not in the shapes grammar; "
+            raise CaptionError(
+                f"word {word!r} of caption {quoted(caption)} is not in the shapes grammar; "
                 f"captions use only: {' '.join(VOCAB[1:])}")
     return words
 
 
-def _grammar_error(caption: str) -> ValueError:
-    return ValueError(
-        f"caption {caption!r} does not follow the shapes grammar; expected e.g. 'a photo of a "
+def quoted(caption: str, limit: int = 80) -> str:
+    """`caption` quoted for an error message, cut to about `limit` characters ("..." and the total
+    length mark a cut), so a runaway prompt line does not flood the terminal."""
+    if len(caption) <= limit:
+        return repr(caption)
+    return f"{caption[:limit]!r}... ({len(caption)} characters)"
+
+
+def _grammar_error(caption: str) -> CaptionError:
+    return CaptionError(
+        f"caption {quoted(caption)} does not follow the shapes grammar; expected e.g. 'a photo of a "
         f"circle', 'a photo of three triangles', 'a photo of a red circle and a blue square', "
         f"'a photo of a circle right of a square'")
 
@@ -241,7 +255,7 @@ def tokenize(captions: Sequence[str]) -> torch.Tensor:
     for row, caption in enumerate(captions):
         words = _check_words(caption)
         if len(words) > MAX_WORDS:
-            raise ValueError(f"caption {caption!r} has {len(words)} words; the shapes grammar "
+            raise CaptionError(f"caption {quoted(caption)} has {len(words)} words; the shapes grammar "
                              f"allows at most MAX_WORDS={MAX_WORDS}")
         out[row, :len(words)] = torch.tensor([_INDEX[w] for w in words], dtype=torch.long)
     return out

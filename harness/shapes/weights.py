@@ -10,6 +10,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from harness.api import InputError
 from harness.models.gpt import GPT, GPTConfig
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -18,7 +19,7 @@ WORLDS = {"x1": WEIGHTS_DIR, "x2": WEIGHTS_DIR.parent / "weights_x2"}
 MANIFEST = "manifest.json"
 
 
-class WeightsError(RuntimeError):
+class WeightsError(InputError, RuntimeError):
     """A weights file is missing, corrupt or does not match the manifest."""
 
 
@@ -35,7 +36,15 @@ def read_manifest(folder: Path = WEIGHTS_DIR) -> dict[str, Any]:
     if not path.is_file():
         raise WeightsError(f"no {MANIFEST} in {folder}: the shapes weights are not installed; "
                            "train them with `python -m harness.shapes.recipe --out DIR`")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise WeightsError(f"weights manifest {path} is unreadable or corrupt ({err}); reinstall the "
+                           "package or retrain with `python -m harness.shapes.recipe --out DIR`") from err
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise WeightsError(f"weights manifest {path} has no 'files' table; it is not a shapes weights "
+                           "manifest (reinstall the package or retrain the weights)")
+    return manifest
 
 
 def write_manifest(folder: Path, files: list[str], info: dict[str, Any],

@@ -1,0 +1,337 @@
+"""Bad input, as a user gives it: each case asserts the exit status of the command and that the
+message names the offending field or file (and, where there is one, the fix).
+
+Most cases run the command line in-process (the same pre-check, composition, run and error report as
+`python -m harness`, without a new interpreter per case); two run `python -m harness` itself to
+prove the wiring of the exit status.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import harness.__main__ as cli_main
+from harness import results
+from harness.cli import EXIT_INPUT_ERROR, check_overrides, report_errors
+from harness.run import EvaluationFailedError, run
+from tests.conftest import ROOT, compose_cfg
+
+SMOKE = ["+experiment=smoke"]
+
+
+def outcome(tmp_path: Path, overrides: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """(exit status, stderr) of `python -m harness +experiment=smoke <overrides>`, in-process."""
+    argv = [*SMOKE, f"hydra.run.dir={tmp_path / 'run'}", *overrides]
+    capsys.readouterr()
+    try:
+        check_overrides(argv, cli_main.__file__, cli_main._config_path())
+        cfg = compose_cfg([a for a in argv if not a.startswith("hydra.")])
+        report_errors(lambda: run(cfg, tmp_path / "run"), failed=(EvaluationFailedError,))
+    except SystemExit as exit_:
+        return int(exit_.code or 0), capsys.readouterr().err
+    return 0, capsys.readouterr().err
+
+
+# (overrides, words the message must contain)
+CONFIG_CASES = [
+    (["sampling.temperature=nan"], ["sampling.temperature", "finite"]),
+    (["sampling.temperature=inf"], ["sampling.temperature", "finite"]),
+    (["sampling.cfg_scale=nan"], ["sampling.cfg_scale", "finite"]),
+    (["sampling.cfg_scale=-1"], ["sampling.cfg_scale", ">= 0"]),
+    (["sampling.temperature=hot"], ["sampling.temperature", "'hot'"]),
+    (["sampling.top_k=2.5"], ["sampling.top_k", "integer"]),
+    (["sampling.top_k=0"], ["sampling.top_k", ">= 1"]),
+    (["sampling.top_p=0"], ["sampling.top_p", "> 0"]),
+    (["sampling.top_p=1.5"], ["sampling.top_p", "<= 1"]),
+    (["dataset_limit=abc"], ["dataset_limit", "'abc'"]),
+    (["dataset_limit=0"], ["dataset_limit", ">= 1"]),
+    (["threads=-1"], ["threads", ">= 1"]),
+    (["warmup_batches=-1"], ["warmup_batches", ">= 0"]),
+    (["batch_size=0"], ["batch_size", ">= 1"]),
+    (["images_per_prompt=0"], ["images_per_prompt", ">= 1"]),
+    (["seed=abc"], ["seed", "integer"]),
+    (["shard.index=2", "shard.count=2"], ["shard.index", "shard.count"]),
+    (["stages=[generat]"], ["stages", "generat", "generate"]),
+    (["stages=[]"], ["stages", "empty"]),
+    (["stages=[generate,generate]"], ["stages", "repeats"]),
+    (["overwrite_samples=maybe"], ["overwrite_samples", "true or false"]),
+    (["decoder=[]"], ["no decoder", "decoder=[raster"]),
+    (["decoder=[rastr,raster]"], ["unknown decoder", "'rastr'", "mulo_sd", "raster"]),
+    (["evaluator=[spd]"], ["unknown evaluator", "'spd'", "speed", "geneval_shapes"]),
+    (["model=nope"], ["unknown model", "'nope'", "shapes"]),
+    (["dataset.n=0"], ["dataset.n", ">= 1"]),
+    (["model.grid=0"], ["model.grid", ">= 1"]),
+    (["model.grid=6", "model.draft_ratio=4"], ["model.grid", "model.draft_ratio"]),
+    (["model.dim=65"], ["model.dim", "model.n_head"]),
+]
+
+
+@pytest.mark.parametrize("overrides,words", CONFIG_CASES, ids=[" ".join(c[0]) for c in CONFIG_CASES])
+def test_bad_config_value(tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str],
+                          words: list[str]) -> None:
+    status, err = outcome(tmp_path, overrides, capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert err.startswith("error: ") and "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+    assert not list((tmp_path / "run").rglob("*.png")), "nothing may be generated"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_without_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = outcome(tmp_path, ["device=cuda"], capsys)
+    assert status == EXIT_INPUT_ERROR and "device=cuda" in err and "device=cpu" in err
+
+
+def test_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    status, err = outcome(tmp_path, [f"hydra.run.dir={blocker / 'run'}"], capsys)
+    assert status == EXIT_INPUT_ERROR and str(blocker) in err and "hydra.run.dir" in err
+
+
+def test_samples_dir_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "samples_file"
+    blocker.write_text("x")
+    status, err = outcome(tmp_path, [f"samples_dir={blocker}"], capsys)
+    assert status == EXIT_INPUT_ERROR and "samples_dir" in err and str(blocker) in err
+
+
+# --- prompt files ------------------------------------------------------------------------------
+
+
+def _prompts(tmp_path: Path, name: str, data: bytes) -> list[str]:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return ["dataset=prompt_file", f"dataset.path={path}"]
+
+
+@pytest.mark.parametrize("name,data,words", [
+    ("p.txt", b"a photo of a cat\n\xff\xfe broken\n", ["p.txt:2", "UTF-8"]),
+    ("p.jsonl", b'{"prompt": "ok"}\n{"prompt": \n', ["p.jsonl:2", "not valid JSON"]),
+    ("p.jsonl", b'{"prompt": "ok"}\n{"text": 3}\n', ["p.jsonl:2", "'prompt'"]),
+    ("p.jsonl", b'["a list"]\n', ["p.jsonl:1", "JSON object"]),
+    ("p.txt", b"\n  \n", ["p.txt", "holds no prompt"]),
+    ("p.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', ["p.jsonl", "repeats prompt ids"]),
+])
+def test_bad_prompts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes,
+                          words: list[str]) -> None:
+    status, err = outcome(tmp_path, _prompts(tmp_path, name, data), capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_missing_prompts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = outcome(tmp_path, ["dataset=prompt_file", f"dataset.path={tmp_path / 'none.txt'}"], capsys)
+    assert status == EXIT_INPUT_ERROR and "none.txt" in err and "dataset.path" in err
+
+
+def test_rejected_caption_is_quoted_shortened(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    caption = "a photo of a " + "very " * 400 + "long cat"
+    overrides = [*_prompts(tmp_path, "long.txt", caption.encode()), "model=shapes", "decoder=[raster]"]
+    status, err = outcome(tmp_path, overrides, capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert "shapes grammar" in err and f"({len(caption)} characters)" in err
+    assert len(err) < 600, "the caption must be shortened, not quoted whole"
+
+
+# --- weights -----------------------------------------------------------------------------------
+
+
+def _weights_copy(tmp_path: Path) -> Path:
+    from harness.shapes.weights import WORLDS
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    for file in WORLDS["x1"].iterdir():
+        if file.is_file():
+            (folder / file.name).write_bytes(file.read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("manifest_garbled", ["manifest.json", "corrupt"]),
+    ("manifest_missing", ["manifest.json", "not installed"]),
+    ("manifest_no_files", ["manifest.json", "'files'"]),
+    ("weights_changed", ["target.safetensors", "sha256"]),
+])
+def test_bad_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: list[str]) -> None:
+    folder = _weights_copy(tmp_path)
+    manifest = folder / "manifest.json"
+    if damage == "manifest_garbled":
+        manifest.write_text(manifest.read_text()[:40])
+    elif damage == "manifest_missing":
+        manifest.unlink()
+    elif damage == "manifest_no_files":
+        manifest.write_text('{"info": 1}')
+    else:
+        target = folder / "target.safetensors"
+        target.write_bytes(target.read_bytes()[:-8] + b"\0" * 8)
+    status, err = outcome(tmp_path, ["model=shapes", f"model.weights_dir={folder}", "decoder=[raster]"], capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+# --- SampleSets --------------------------------------------------------------------------------
+
+
+def test_rerun_with_another_configuration_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["decoder=[raster]", "evaluator=[speed]"]
+    assert outcome(tmp_path, base, capsys)[0] == 0
+    images = {p: p.read_bytes() for p in (tmp_path / "run" / "samples").rglob("*.png")}
+    status, err = outcome(tmp_path, [*base, "sampling.temperature=0", "sampling.cfg_scale=2.0"], capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert "sampling.temperature: stored 1.0, now 0" in err and "sampling.cfg_scale" in err
+    assert "hydra.run.dir" in err and "overwrite_samples=true" in err
+    assert {p: p.read_bytes() for p in images} == images, "nothing was reused or deleted"
+    # a decoder option counts too
+    status, err = outcome(tmp_path, ["decoder=[mulo_sd]", "evaluator=[speed]"], capsys)
+    assert status == 0, err  # another decoder: its own SampleSet
+    status, err = outcome(tmp_path, ["decoder=[mulo_sd]", "evaluator=[speed]", "decoder.mulo_sd.accept.tau=1.0"], capsys)
+    assert status == EXIT_INPUT_ERROR and "decoder.accept.tau: stored 0.1, now 1.0" in err
+
+
+def test_overwrite_samples_regenerates_under_the_new_configuration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["decoder=[raster]", "evaluator=[speed]"]
+    assert outcome(tmp_path, base, capsys)[0] == 0
+    status, err = outcome(tmp_path, [*base, "sampling.temperature=0", "overwrite_samples=true"], capsys)
+    assert status == 0, err
+    binding = json.loads((tmp_path / "run" / "samples" / "raster" / "binding.json").read_text())
+    assert binding["sampling"]["temperature"] == 0
+    stats = pd.read_csv(tmp_path / "run" / "samples" / "raster" / "stats.csv")
+    assert len(stats) == 4  # regenerated, not appended
+    # the same configuration resumes (timing-only keys do not count)
+    status, err = outcome(tmp_path, [*base, "sampling.temperature=0", "batch_size=4", "threads=1"], capsys)
+    assert status == 0, err
+
+
+def test_set_without_binding_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["decoder=[raster]", "evaluator=[speed]"]
+    assert outcome(tmp_path, base, capsys)[0] == 0
+    binding = tmp_path / "run" / "samples" / "raster" / "binding.json"
+    binding.unlink()
+    status, err = outcome(tmp_path, base, capsys)
+    assert status == EXIT_INPUT_ERROR and "no binding.json" in err
+    binding.write_text("{not json")
+    status, err = outcome(tmp_path, base, capsys)
+    assert status == EXIT_INPUT_ERROR and "binding.json" in err and "corrupt" in err
+
+
+def test_evaluate_only_on_an_incomplete_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert outcome(tmp_path, ["decoder=[raster]", "stages=[generate]"], capsys)[0] == 0
+    samples = tmp_path / "run" / "samples"
+    status, err = outcome(tmp_path / "e", ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}",
+                                           "dataset_limit=6"], capsys)
+    assert status == EXIT_INPUT_ERROR and "incomplete" in err and "stages=[generate]" in err
+
+
+def test_evaluate_reads_a_corrupt_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert outcome(tmp_path, ["decoder=[raster]", "stages=[generate]"], capsys)[0] == 0
+    samples = tmp_path / "run" / "samples"
+    png = sorted((samples / "raster" / "images").glob("*.png"))[0]
+    png.write_bytes(png.read_bytes()[:30] + b"\0" * (png.stat().st_size - 30))  # same size, bad data
+    status, err = outcome(tmp_path / "e", ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}"],
+                          capsys)
+    assert status == EXIT_INPUT_ERROR and png.stem in err
+
+
+# --- results files -----------------------------------------------------------------------------
+
+
+def _summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    assert outcome(tmp_path, ["decoder=[raster]", "evaluator=[speed]"], capsys)[0] == 0
+    return tmp_path / "run" / "summary.csv"
+
+
+def _results_cli(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    try:
+        code = results.main([str(path.parent)])
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("truncated_at_a_line", ["rows but", "were written"]),
+    ("truncated_mid_row", ["summary.csv"]),
+    ("garbled_value", ["column 'value'", "'fast'"]),
+    ("garbled_flag", ["higher_is_better", "'perhaps'"]),
+    ("fractional_n", ["column 'n'", "whole"]),
+    ("no_metric_columns", ["lacks the columns"]),
+    ("empty", ["not a readable CSV"]),
+    ("not_utf8", ["not a readable CSV"]),
+    ("meta_corrupt", ["summary.meta.json", "corrupt"]),
+])
+def test_bad_summary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: list[str]) -> None:
+    path = _summary(tmp_path, capsys)
+    lines = path.read_text().splitlines(keepends=True)
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if damage == "truncated_at_a_line":
+        path.write_text("".join(lines[:-2]))
+    elif damage == "truncated_mid_row":
+        path.write_text("".join(lines[:-1]) + lines[-1][:5])
+    elif damage == "garbled_value":
+        frame.loc[1, "value"] = "fast"
+        frame.to_csv(path, index=False)
+    elif damage == "garbled_flag":
+        frame.loc[0, "higher_is_better"] = "perhaps"
+        frame.to_csv(path, index=False)
+    elif damage == "fractional_n":
+        frame.loc[0, "n"] = "2.5"
+        frame.to_csv(path, index=False)
+    elif damage == "no_metric_columns":
+        frame.drop(columns=["metric"]).to_csv(path, index=False)
+    elif damage == "empty":
+        path.write_text("")
+    elif damage == "not_utf8":
+        path.write_bytes(b"\xff\xfe\x00garbage\n")
+    else:
+        path.with_name("summary.meta.json").write_text("[")
+    code, err = _results_cli(path, capsys)
+    assert code == 2, err
+    assert str(path) in err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_summary_rows_are_counted_when_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _summary(tmp_path, capsys)
+    meta = json.loads(path.with_name("summary.meta.json").read_text())
+    assert meta["rows"] == len(pd.read_csv(path)) > 0
+    assert len(results.load([path.parent])) == meta["rows"]
+
+
+def test_run_json_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _summary(tmp_path, capsys)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"run.json holds {constant}")
+    record = json.loads((tmp_path / "run" / "run.json").read_text(), parse_constant=refuse)
+    assert record["extra"]["summary_rows"] > 0 and "raster" in record["extra"]["sample_sets"]
+
+
+# --- the real command line ---------------------------------------------------------------------
+
+
+def _harness(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("override,word", [("sampling.temperature=nan", "sampling.temperature"),
+                                           ("decoder=[rastr]", "unknown decoder")])
+def test_command_line_exit_status(tmp_path: Path, override: str, word: str) -> None:
+    res = _harness([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}", override], tmp_path)
+    assert res.returncode == EXIT_INPUT_ERROR, res.stderr[-2000:]
+    assert word in res.stderr and "Traceback" not in res.stderr
