@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from harness.api import Condition, ModelBundle, SamplingParams
-from harness.neighbours import neighbour_table
+from baselines.neighbours import neighbour_table
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Context:
 
     def neighbours(self, k: int) -> Tensor:
         """The target codebook's k-nearest-neighbour table [V, k'] int64 on `device` (k' =
-        min(k, V-1)); hashed once per call, computed once per codebook (harness/neighbours.py)."""
+        min(k, V-1)); hashed once per call, computed once per codebook (baselines/neighbours.py)."""
         if k not in self._tables:
             self._tables[k] = neighbour_table(self.models.target.codebook, k).to(self.device)
         return self._tables[k]

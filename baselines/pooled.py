@@ -4,7 +4,7 @@ the target's probability pooled over the draft token's codebook neighbourhood.
     accept x~_i  iff  sum_{x in B_k(x~_i)} p_i(x) >= tau
 
 B_k(x) = x itself and its k - 1 nearest other codes in the tokenizer's latent space (L2 between code
-vectors, harness/neighbours.py); k = 1 is "draft-token probability only" (ablation b). There is no
+vectors, baselines/neighbours.py); k = 1 is "draft-token probability only" (ablation b). There is no
 drafter probability q in the rule (the up-sampler yields tokens, not a distribution) and no
 uniform: the rule is deterministic given p. A rejected position is resampled from p itself.
 

@@ -28,7 +28,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from harness.api import DecodeStats, ModelBundle, SamplingParams
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.run import _build, _device, guided
 from harness.samples import SampleSet, SampleSpec, plan
 

@@ -72,7 +72,7 @@ from benchmarks.decoders import RANDOM_LIKE_SHAPES, decode_all, geneval_verdicts
 from baselines.canvas import Context  # noqa: E402
 from evaluators.geneval_rules import paired_difference  # noqa: E402
 from harness.api import DecodeStats, ModelBundle  # noqa: E402
-from harness.datasets import shapes  # noqa: E402
+from harness.datasets.prompts import shapes  # noqa: E402
 from harness.models.replay import ReplayModel  # noqa: E402
 from harness.run import _build, _device, guided  # noqa: E402
 from harness.samples import SampleSet, SampleSpec, plan  # noqa: E402

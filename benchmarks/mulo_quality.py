@@ -45,7 +45,7 @@ from benchmarks.decoders import decode_all  # noqa: E402
 from benchmarks.mulo import HELD_OUT_SEED, compose_config  # noqa: E402
 from evaluators.geneval import GenEvalEvaluator  # noqa: E402
 from evaluators.geneval_rules import paired_difference, tag_accuracies  # noqa: E402
-from harness.datasets import shapes  # noqa: E402
+from harness.datasets.prompts import shapes  # noqa: E402
 from harness.run import _build, _device, guided  # noqa: E402
 from harness.samples import SampleSpec, plan  # noqa: E402
 

@@ -20,7 +20,7 @@ import torch
 
 from baselines.raster import RasterDecoder
 from harness.api import ModelBundle, SamplingParams
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.generate import generate
 from harness.run import guided
 from harness.samples import SampleSet, plan

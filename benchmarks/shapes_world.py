@@ -31,8 +31,8 @@ from baselines.upsamplers import build_upsampler, resize_images, shipped_weights
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import ModelBundle, Prompt, SamplingParams
-from harness.datasets import shapes
-from harness.neighbours import neighbour_table
+from harness.datasets.prompts import shapes
+from baselines.neighbours import neighbour_table
 from harness.run import guided
 from harness.sampling import probs
 from harness.seeding import image_seed

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from harness.api import InputError
-from harness.downloads import sha256_file
+from harness.datasets.downloads import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from tqdm import tqdm
 
 from evaluators.dpg_vqa import VQABackend
 from harness.api import EvalResult, metric_rows
-from harness.datasets_official import DPG_QUESTIONS
-from harness.downloads import resolve
+from harness.datasets.official import DPG_QUESTIONS
+from harness.datasets.downloads import resolve
 from harness.samples import SampleSet, write_atomic
 
 log = logging.getLogger(__name__)

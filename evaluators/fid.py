@@ -34,7 +34,7 @@ from tqdm import tqdm
 from evaluators.fid_features import FEATURE, build_extractor, choose_weights
 from evaluators.fid_reference import ReferenceSet, reference_set
 from harness.api import EvalResult, metric_rows
-from harness.downloads import cache_root
+from harness.datasets.downloads import cache_root
 from harness.samples import SampleSet
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.api import InputError
-from harness.downloads import cache_root, sha256_file
+from harness.datasets.downloads import cache_root, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from harness.downloads import Pinned, fetch
+from harness.datasets.downloads import Pinned, fetch
 from harness.samples import SampleSet
 
 log = logging.getLogger(__name__)

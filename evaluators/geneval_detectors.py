@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from evaluators.geneval_rules import Detection
-from harness.downloads import Pinned, resolve
+from harness.datasets.downloads import Pinned, resolve
 
 log = logging.getLogger(__name__)
 

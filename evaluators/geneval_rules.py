@@ -24,26 +24,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.api import metric_rows
+from harness.api import Box, Detection, metric_rows
+from harness.results import paired_difference  # noqa: F401  (GenEval's paired gap; re-exported)
 
 log = logging.getLogger(__name__)
 
 GENEVAL_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 RELATIONS = ("left of", "right of", "above", "below")
-
-Box = tuple[float, float, float, float]
-
-
-@dataclass
-class Detection:
-    """One detected object. `box` = (x1, y1, x2, y2) in pixels; `mask` bool [H, W] or None;
-    `color` one of GENEVAL_COLORS (filled by the detector or a colour classifier) or None."""
-
-    cls: str
-    box: Box
-    score: float
-    mask: np.ndarray | None = None
-    color: str | None = None
 
 
 def box_iou(a: Box, b: Box) -> float:
@@ -333,39 +320,3 @@ def tag_accuracies(tags: Sequence[str], correct: Sequence[bool]) -> dict[str, fl
     rows = summary[summary["metric"] == "geneval"]
     out = {("overall" if s == "all" else s): float(v) for s, v in zip(rows["subset"], rows["value"])}
     return out
-
-
-def paired_difference(a: pd.DataFrame, b: pd.DataFrame, key: str = "sample_id") -> tuple[float, float]:
-    """GenEval overall of `a` minus that of `b`, scored on the same samples, and its standard error
-    with the pairing kept (two decoders on one prompt set fail on many of the same prompts, so the
-    paired error is smaller than the two scores' errors combined).
-
-    a, b: per-image frames with `key`, `tag` and `correct` (GenEvalEvaluator's per_sample), one row
-    per sample, the same samples and tags in both.
-    Per tag t with n_t images, d = correct_a - correct_b in {-1, 0, 1}; the overall difference is
-    the unweighted mean over the T tags of mean(d) (as the overall score is), and its variance is
-    sum_t var(d) / n_t / T^2 (var with n_t - 1; a tag of one image contributes none).
-    """
-    for name, frame in (("a", a), ("b", b)):
-        missing = [c for c in (key, "tag", "correct") if c not in frame.columns]
-        if missing:
-            raise ValueError(f"paired_difference: frame {name} lacks columns {missing}")
-        if frame[key].duplicated().any():
-            raise ValueError(f"paired_difference: frame {name} has repeated {key} values")
-        if frame.empty:
-            raise ValueError(f"paired_difference: frame {name} has no samples")
-    joined = a[[key, "tag", "correct"]].merge(b[[key, "tag", "correct"]], on=key, how="outer",
-                                              suffixes=("_a", "_b"), indicator=True)
-    unmatched = joined[joined["_merge"] != "both"]
-    if len(unmatched):
-        raise ValueError(f"paired_difference needs the same samples in both frames; {len(unmatched)} "
-                         f"are in one only (e.g. {unmatched[key].iloc[0]!r}): score both decoders "
-                         "on one prompt set")
-    if (joined["tag_a"] != joined["tag_b"]).any():
-        raise ValueError("paired_difference: a sample has different tags in the two frames")
-    d = joined["correct_a"].astype(float) - joined["correct_b"].astype(float)
-    means, variances = [], []
-    for _, diffs in d.groupby(joined["tag_a"], sort=False):
-        means.append(float(diffs.mean()))
-        variances.append(float(diffs.var(ddof=1)) / len(diffs) if len(diffs) > 1 else 0.0)
-    return float(np.mean(means)), math.sqrt(sum(variances)) / len(means)

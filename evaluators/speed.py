@@ -13,9 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from harness.api import EvalResult, metric_rows
-from harness.rejections import int_list as _ints
-from harness.rejections import rejection_heatmap  # noqa: F401  (re-exported for evaluator users)
+from harness.api import EvalResult, int_list as _ints, metric_rows
 
 log = logging.getLogger(__name__)
 

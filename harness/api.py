@@ -77,6 +77,22 @@ class SamplingParams:
         return self.temperature == 0
 
 
+Box = tuple[float, float, float, float]
+
+
+@dataclass
+class Detection:
+    """One detected object, the contract between GenEval's detector backends and its rules. `box` =
+    (x1, y1, x2, y2) in pixels; `mask` bool [H, W] or None; `color` one of GenEval's colour names
+    (filled by the detector or a colour classifier) or None."""
+
+    cls: str
+    box: Box
+    score: float
+    mask: Any = None  # np.ndarray [H, W] bool
+    color: str | None = None
+
+
 @runtime_checkable
 class Condition(Protocol):
     """Opaque, batched text condition produced by `ModelBundle.condition` and consumed by the
@@ -196,6 +212,16 @@ class DecodeStats:
         }
         row.update(self.extra)
         return row
+
+
+def int_list(value: object) -> list[int]:
+    """Parse a space-separated integer list as DecodeStats.as_row() writes it (CSV-safe): the inverse
+    of its list columns."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    if isinstance(value, (int, float)) or hasattr(value, "__index__"):  # a one-item list read from CSV
+        return [int(value)]
+    return [int(token) for token in str(value).split()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,11 +12,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from evaluators.geneval_rules import paired_difference
+from harness.results import paired_difference
 from harness import provenance, results
 from harness.api import (ConfigValueError, Decoder, Evaluator, InputError, ModelBundle, SamplingParams,
                          checked_number)
-from harness.datasets import select
+from harness.datasets.prompts import select
 from harness.generate import generate
 from harness.models.guidance import Guided
 from harness.samples import NotWritableError, SampleSet, binding_differences, plan, write_atomic

@@ -7,7 +7,7 @@ import torch
 
 from baselines.acceptance import LanternRule, lantern_boost, speculative_verdict
 from baselines.scope import RasterScope
-from harness.neighbours import compute_neighbours, neighbour_table
+from baselines.neighbours import compute_neighbours, neighbour_table
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import downloads
-from harness.datasets import PromptFileError
-from harness.datasets_official import (DPG_PROMPTS, GENEVAL_PROMPTS, coco5k, dpg_bench, geneval,
+from harness.datasets import downloads
+from harness.datasets.prompts import PromptFileError
+from harness.datasets.official import (DPG_PROMPTS, GENEVAL_PROMPTS, coco5k, dpg_bench, geneval,
                                        prompt_set_digest, read_dpg_prompts)
-from harness.downloads import ChecksumError, DownloadError, Pinned
+from harness.datasets.downloads import ChecksumError, DownloadError, Pinned
 from harness.run import _build
 from tests.conftest import compose_cfg
 

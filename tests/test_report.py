@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.figures import Panel, common_samples, heatmap_of
+from harness.report.figures import Panel, common_samples, heatmap_of
 from harness.samples import SampleSet
-from harness.tables import Regenerated, regenerate
+from harness.report.tables import Regenerated, regenerate
 from tests.fabricated_store import add_samples, build_store, row, write_summary
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.shapes_world import (POOL_K, POOL_TAU, UPSAMPLERS, guided_probs, raster_tokens,  # noqa: E402
                                      rejected_shares, upsampler_rows)
-from harness.datasets import shapes  # noqa: E402
+from harness.datasets.prompts import shapes  # noqa: E402
 from harness.shapes.bundle import load  # noqa: E402
 from tests.single_thread import single_thread  # noqa: F401,E402  (autouse)
 

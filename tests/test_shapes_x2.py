@@ -16,7 +16,7 @@ from baselines.raster import RasterDecoder
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import SamplingParams
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.run import guided
 from harness.seeding import image_seed
 from harness.shapes.bundle import load

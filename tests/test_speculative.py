@@ -13,7 +13,7 @@ from baselines.drafts import JacobiDraft, ModelDraft
 from baselines.raster import RasterDecoder
 from baselines.speculative import SpeculativeDecoder
 from harness.api import ModelBundle, SamplingParams
-from harness.datasets import shapes
+from harness.datasets.prompts import shapes
 from harness.models.random_init import build
 from harness.run import _build, guided
 from harness.samples import plan
@@ -200,7 +200,8 @@ def test_model_draft_needs_a_same_resolution_drafter(bundle: ModelBundle) -> Non
 
 
 def test_decode_stats_reach_the_speed_evaluator(bundle: ModelBundle, tmp_path) -> None:
-    from evaluators.speed import SpeedEvaluator, rejection_heatmap
+    from evaluators.speed import SpeedEvaluator
+    from harness.report.rejections import rejection_heatmap
     from harness.generate import generate
     from harness.samples import SampleSet
 

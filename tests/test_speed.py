@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluators.speed import SpeedEvaluator, rejection_heatmap, speed_result
+from evaluators.speed import SpeedEvaluator, speed_result
+from harness.report.rejections import rejection_heatmap
 from harness.api import METRIC_COLUMNS, Prompt
 from harness.samples import SampleSet, plan
 

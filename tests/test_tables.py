@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 
 from harness import results
-from harness.paper_reference import FACT_KEY, load_paper_numbers
-from harness.table_build import build_table
-from harness.table_data import select_cells, with_derived_speedup
-from harness.table_render import latex_escape, to_latex, to_markdown
-from harness.table_specs import LOCAL, MAIN, POOLING, TABLES, spec_for
-from harness.tables import choose_tables, main, regenerate
+from harness.report.paper_reference import FACT_KEY, load_paper_numbers
+from harness.report.build import build_table
+from harness.report.cells import select_cells, with_derived_speedup
+from harness.report.render import latex_escape, to_latex, to_markdown
+from harness.report.specs import LOCAL, MAIN, POOLING, TABLES, spec_for
+from harness.report.tables import choose_tables, main, regenerate
 from tests.fabricated_store import build_store, row, write_summary
 
 PAPER_MD = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paper.md"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-from evaluators.geneval_rules import Detection
+from harness.api import Detection
 from harness.shapes.scenes import BACKGROUND, COLORS, SHAPES, unit_mask
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from harness.rejections import rejection_heatmap
+from harness.report.rejections import rejection_heatmap
 from harness.samples import SampleSet, write_atomic
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.paper_reference import paper_labels
-from harness.table_data import DERIVED_FROM, select_cells
-from harness.table_specs import METHOD_LABELS, MODEL_LABELS, MetricSpec, TableSpec
+from harness.report.paper_reference import paper_labels
+from harness.report.cells import DERIVED_FROM, select_cells
+from harness.report.specs import METHOD_LABELS, MODEL_LABELS, MetricSpec, TableSpec
 
 
 @dataclass(frozen=True, slots=True)

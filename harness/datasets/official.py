@@ -2,7 +2,7 @@
 
 Each loader is a `_target_` of a `conf/dataset/*.yaml` file and returns list[Prompt]. Files come
 from a local path when one is given (hash-checked unless `verify=False`), else from the pinned
-upstream commit through `harness.downloads` (hash-checked, cached; see that module for offline
+upstream commit through `harness.datasets.downloads` (hash-checked, cached; see that module for offline
 nodes). Sharding and the harness-wide `dataset_limit` are applied by the harness
 (`samples.plan`, `datasets.select`); `limit` here trims the list the same way.
 """
@@ -19,8 +19,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from harness.api import Prompt
-from harness.datasets import PromptFileError, select
-from harness.downloads import Pinned, cache_root, fetch, resolve
+from harness.datasets.prompts import PromptFileError, select
+from harness.datasets.downloads import Pinned, cache_root, fetch, resolve
 from harness.samples import write_atomic
 
 log = logging.getLogger(__name__)

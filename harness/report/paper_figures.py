@@ -1,4 +1,4 @@
-"""Which figures an experiment gets, and their data, from the merged results (harness.figures draws).
+"""Which figures an experiment gets, and their data, from the merged results (harness.report.figures draws).
 
 Per (experiment, model): the speed-quality figure (a curve per swept τ series, a point per other
 method, the paper's points for that model), the rejection heatmaps of its drafting methods and an
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import figures
-from harness.figures import PAPER_SUFFIX, Panel, Point
+from harness.report import figures
+from harness.report.figures import PAPER_SUFFIX, Panel, Point
 from harness.samples import SampleSet
-from harness.table_build import Row, Table, build_table
-from harness.table_specs import DPG_BENCH, FID, GENEVAL, HPSV2, SPEEDUP, TableSpec, spec_for, swept_label
+from harness.report.build import Row, Table, build_table
+from harness.report.specs import DPG_BENCH, FID, GENEVAL, HPSV2, SPEEDUP, TableSpec, spec_for, swept_label
 
 log = logging.getLogger(__name__)
 

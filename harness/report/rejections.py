@@ -1,5 +1,5 @@
-"""Per-position rejection maps of drafting decoders: parsing the stats column and averaging it
-into a [rows, cols] heat map (used by the speed evaluator and the paper figures)."""
+"""Per-position rejection maps of drafting decoders: the stats column averaged into a [rows, cols]
+heat map (the paper figures)."""
 from __future__ import annotations
 
 import math
@@ -8,18 +8,11 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+from harness.api import int_list
+
 
 class HasStats(Protocol):
     def stats(self) -> pd.DataFrame: ...
-
-
-def int_list(value: object) -> list[int]:
-    """Parse a space-separated integer list as written by DecodeStats.as_row() (CSV-safe)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return []
-    if isinstance(value, (int, float, np.integer, np.floating)):  # a one-item list read from CSV
-        return [int(value)]
-    return [int(token) for token in str(value).split()]
 
 
 def rejection_heatmap(samples: HasStats, grid: tuple[int, int] | None = None) -> np.ndarray:

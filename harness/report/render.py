@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from harness.table_build import Cell, Row, Table
-from harness.table_specs import MISSING, MetricSpec, swept_label
+from harness.report.build import Cell, Row, Table
+from harness.report.specs import MISSING, MetricSpec, swept_label
 
 LATEX_MISSING = "--"
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",

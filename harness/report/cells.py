@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from harness.api import METRIC_COLUMNS
-from harness.table_specs import MetricSpec
+from harness.report.specs import MetricSpec
 
 log = logging.getLogger(__name__)
 

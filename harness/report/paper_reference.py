@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-PAPER_NUMBERS = Path(__file__).resolve().parent / "data" / "paper_numbers.csv"
+PAPER_NUMBERS = Path(__file__).resolve().parents[1] / "data" / "paper_numbers.csv"
 FACT_COLUMNS = ("table", "base", "method", "model", "decoder", "metric", "value", "unit", "source")
 FACT_KEY = ("table", "model", "decoder", "metric")
 

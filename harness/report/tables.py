@@ -1,0 +1,159 @@
+"""Regenerate the paper's tables, figures and HTML reports from the results store.
+
+    python -m harness.tables                                  # every run under results/
+    python -m harness.tables results/main results/ablation_pooling --out results/paper
+    python -m harness.tables --tables main,ablation_local --no-figures
+
+writes, under --out (default results/paper):
+
+    tables/<table>.md, .tex (booktabs), .csv    the paper's layout; ours beside the paper's numbers
+    tables/<table>_sources.csv                  every shown value with its run directory / paper row
+    tables/tables.md                            all tables in one file (also printed)
+    <experiment>/index.html, <experiment>/figures/*.png|pdf    one static report per experiment
+    index.html                                  links to every report and table
+
+Tables: main, ablation_upsampling, ablation_pooling, ablation_local, ablation_parallel (see
+harness.report.specs), and a generic table for any other experiment in the store.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from harness import results
+from harness.report import html as report
+from harness.report.paper_reference import load_paper_numbers
+from harness.report.build import Table, build_table
+from harness.report.cells import with_derived_speedup
+from harness.report.render import FORMATS, to_html, to_markdown
+from harness.report.specs import TABLES, spec_for, tables_help
+from harness.samples import write_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("results") / "paper"
+
+
+@dataclass(slots=True)
+class Regenerated:
+    """What a regeneration wrote: built tables, table files, report pages and the Markdown."""
+
+    tables: list[Table] = field(default_factory=list)
+    table_files: list[Path] = field(default_factory=list)
+    pages: list[Path] = field(default_factory=list)
+    markdown: str = ""
+
+
+def choose_tables(frame: pd.DataFrame, requested: Sequence[str] | None) -> list[str]:
+    """Table names to build: `requested`, or the main table, every paper table whose experiment
+    ran, and one generic table per other experiment in `frame`.
+
+    Raises:
+        ValueError: a requested name is neither a paper table nor an experiment in the results.
+    """
+    present = list(dict.fromkeys(frame["experiment"].dropna().astype(str))) if "experiment" in frame else []
+    if requested:
+        unknown = [n for n in requested if n not in TABLES and n not in present]
+        if unknown:
+            raise ValueError(f"unknown tables {unknown}; paper tables: {tables_help()}; "
+                             f"experiments in the results: {present}")
+        return list(dict.fromkeys(requested))
+    covered = {e for spec in TABLES.values() for e in spec.experiments}
+    paper = [n for n, spec in TABLES.items() if n == "main" or set(spec.experiments) & set(present)]
+    return paper + [e for e in present if e not in covered]
+
+
+def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] | None = None,
+               figures: bool = True, pages: bool = True, paper_rows: bool = True,
+               grid_images: int = 6) -> Regenerated:
+    """Build and write the tables (and figures and reports) of the runs under `dirs` into `out`."""
+    frame = with_derived_speedup(results.load(dirs))
+    facts = load_paper_numbers()
+    done = Regenerated()
+    for name in choose_tables(frame, requested):
+        table = build_table(frame, spec_for(name), facts, paper_rows=paper_rows)
+        if table.is_empty() and table.spec.paper_table is None:
+            log.warning("table %s: no results from experiments %s; skipped", name, list(table.spec.experiments))
+            continue
+        done.tables.append(table)
+        done.table_files += write_table(table, out / "tables")
+    done.markdown = "\n".join(to_markdown(t) for t in done.tables)
+    combined = out / "tables" / "tables.md"
+    write_atomic(combined, done.markdown.encode("utf-8"))
+    if pages:
+        done.pages = write_reports(frame, facts, done, out, figures, grid_images)
+        report.write_index(out / report.PAGE, [(p.parent.name, p) for p in done.pages], [combined, *done.table_files])
+    return done
+
+
+def write_table(table: Table, folder: Path) -> list[Path]:
+    """Write `table` in every format (FORMATS) into `folder`; return the paths."""
+    paths = []
+    for suffix, render in FORMATS.values():
+        path = folder / f"{table.spec.name}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, render(table).encode("utf-8"))
+        paths.append(path)
+    log.info("table %s: %d rows from %d runs -> %s", table.spec.name, len(table.rows), len(table.runs), folder)
+    return paths
+
+
+def write_reports(frame: pd.DataFrame, facts: pd.DataFrame, done: Regenerated, out: Path,
+                  figures: bool, grid_images: int) -> list[Path]:
+    """One page per experiment of the built tables that has runs (the figures drawn on the way)."""
+    from harness.report.paper_figures import experiment_figures  # matplotlib only when figures are wanted
+
+    present = set(frame["experiment"].dropna().astype(str))
+    written = []
+    for table in done.tables:
+        experiment = table.spec.experiments[0]
+        if experiment not in present and not table.with_paper:
+            continue
+        files = [p for p in done.table_files if p.name.startswith(f"{table.spec.name}.")
+                 or p.name == f"{table.spec.name}_sources.csv"]
+        sections = [report.Section(heading="Table", table_html=to_html(table), downloads=files)]
+        if figures and experiment in present:
+            drawn = experiment_figures(frame, facts, experiment, out / table.spec.name / "figures", grid_images)
+            sections.append(report.Section(heading="Figures", figures=drawn))
+        page = out / table.spec.name / report.PAGE
+        written.append(report.write_page(page, table.spec.title, sections, table.runs))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line; prints every table as Markdown."""
+    prog = "mulo-bench-tables" if sys.argv[0].endswith("mulo-bench-tables") else "python -m harness.tables"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="paper tables: " + tables_help())
+    parser.add_argument("dirs", nargs="*", type=Path, default=[Path("results")],
+                        help="results directories, searched recursively for summary.csv (default: results)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    parser.add_argument("--tables", default="", help="comma-separated table or experiment names (default: all)")
+    parser.add_argument("--no-figures", action="store_true", help="tables and reports without figures")
+    parser.add_argument("--no-report", action="store_true", help="tables only (no HTML, no figures)")
+    parser.add_argument("--results-only", action="store_true",
+                        help="leave out the paper's rows that the results do not cover")
+    parser.add_argument("--grid-images", type=int, default=6, help="prompts per image grid (default: 6)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    requested = [n.strip() for n in args.tables.split(",") if n.strip()] or None
+    try:
+        done = regenerate(args.dirs, args.out, requested, figures=not args.no_figures, pages=not args.no_report,
+                          paper_rows=not args.results_only, grid_images=args.grid_images)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    sys.stdout.write(done.markdown)
+    log.info("wrote %d tables%s under %s", len(done.tables),
+             f" and {len(done.pages)} reports" if done.pages else "", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
