@@ -21,6 +21,8 @@ from torch import Tensor
 from harness.api import Condition, ModelBundle, SamplingParams
 from baselines.neighbours import neighbour_table
 
+NEIGHBOUR_METRICS = ("raw", "normalised")
+
 
 @dataclass
 class Context:
@@ -35,7 +37,7 @@ class Context:
     device: torch.device
     refeed: int = 1
     counters: dict[str, Tensor] = field(default_factory=dict)  # per-image extra statistics [B]
-    _tables: dict[int, Tensor] = field(default_factory=dict, repr=False)
+    _tables: dict[tuple[int, str], Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def batch(self) -> int:
@@ -64,12 +66,20 @@ class Context:
         else:
             self.counters[name] = old + values if reduce == "sum" else torch.maximum(old, values)
 
-    def neighbours(self, k: int) -> Tensor:
+    def neighbours(self, k: int, metric: str = "normalised") -> Tensor:
         """The target codebook's k-nearest-neighbour table [V, k'] int64 on `device` (k' =
-        min(k, V-1)); hashed once per call, computed once per codebook (baselines/neighbours.py)."""
-        if k not in self._tables:
-            self._tables[k] = neighbour_table(self.models.target.codebook, k).to(self.device)
-        return self._tables[k]
+        min(k, V-1)); hashed once per call, computed once per codebook (baselines/neighbours.py).
+        `metric`: NEIGHBOUR_METRICS — "normalised" (L2 between the codes the quantiser matches,
+        `ARImageModel.codebook`) or "raw" (L2 between the stored code vectors, LANTERN's
+        generate_codebook.py; the same codes when the tokenizer does not normalise)."""
+        if metric not in NEIGHBOUR_METRICS:
+            raise ValueError(f"neighbour metric must be one of {NEIGHBOUR_METRICS}, got {metric!r}")
+        if (k, metric) not in self._tables:
+            target = self.models.target
+            raw = getattr(target, "raw_codebook", None) if metric == "raw" else None
+            book = target.codebook if raw is None else raw
+            self._tables[(k, metric)] = neighbour_table(book, k).to(self.device)
+        return self._tables[(k, metric)]
 
 
 def feed_positions(index: Tensor, n_tokens: int) -> Tensor:

@@ -1,26 +1,30 @@
 """Draft sources: where the L draft tokens of each verification come from.
 
-A source is a config object (validated at construction) with `length` (L, drafts per
-verification) and `start(ctx, canvas) -> DraftRun`, the per-call state. A run proposes drafts for
+A source (`DraftSource`) is a config object (validated at construction) with `length` (L, drafts
+per verification) and `start(ctx, canvas) -> DraftRun`, the per-call state; a source sized by the
+models binds to them first (`bind(models)`, once per generate call). A run proposes drafts for
 raster positions n_b .. n_b + L - 1 of every row (`propose`) and sees each verification's outcome
 (`observe`, called once the canvas is committed and advanced). Randomness comes only from
 `ctx.gens`, a fixed number of draws per image per step.
 
 Sources: `jacobi` (SJD: the target's own guesses from its previous forward) and `model` (a
-separate drafter at the target's resolution, gamma sequential drafter forwards). MuLo-SD's
-`lowres` source fits the same contract: draft whole low-res rows with the half-resolution
-`drafter`, up-sample them to a block of L high-res tokens, and return q = None.
+separate drafter at the target's resolution, gamma sequential drafter forwards). EAGLE-2's tree
+source (`eagle`, the target's EAGLE head) is baselines/eagle.py; its trees are verified by
+baselines/tree_decoding.py, not by this module's chain loop. MuLo-SD's `lowres` source fits the
+same contract: draft whole low-res rows with the half-resolution `drafter`, up-sample them to a
+block of L high-res tokens, and return q = None.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from baselines.canvas import Canvas, Context, feed_positions
 from baselines.scope import Resolution
+from harness.api import ModelBundle
 from harness.sampling import probs, sample_from
 
 JACOBI_INITS = ("random", "left", "above")
@@ -49,19 +53,35 @@ class Outcome:
     res: Resolution
 
 
-class DraftRun(Protocol):
-    prefill_forwards: int  # drafter forwards spent in `start` (counted once per image)
+class DraftRun(ABC):
+    """One generate call's drafting state: `propose` drafts, `observe` (default: nothing to keep)
+    sees each verification's outcome."""
 
-    def propose(self, canvas: Canvas) -> Draft: ...
+    prefill_forwards: int = 0  # drafter forwards spent in `start` (counted once per image)
 
-    def observe(self, canvas: Canvas, outcome: Outcome) -> None: ...
+    @abstractmethod
+    def propose(self, canvas: Canvas) -> Draft:
+        """Drafts for raster positions frontier .. frontier + L - 1 of every row."""
+
+    def observe(self, canvas: Canvas, outcome: Outcome) -> None:
+        """Called once the canvas is committed and advanced."""
 
 
-class DraftSource(Protocol):
+class DraftSource(ABC):
+    """A draft source: `name`, `length` (L) and `start`, with what the loop asks of every source
+    and its default: `bind(models)` (a source sized by the models returns a bound copy; default:
+    itself) and `whole_image` (whether one proposal drafts the whole image; default False)."""
+
     name: str
     length: int
+    whole_image: bool = False
 
-    def start(self, ctx: Context, canvas: Canvas) -> DraftRun: ...
+    def bind(self, models: ModelBundle) -> "DraftSource":
+        return self
+
+    @abstractmethod
+    def start(self, ctx: Context, canvas: Canvas) -> DraftRun:
+        """The per-call drafting state for these models and this canvas."""
 
 
 def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
@@ -70,7 +90,7 @@ def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- jacobi (SJD)
-class JacobiDraft:
+class JacobiDraft(DraftSource):
     """`jacobi` (Speculative Jacobi Decoding, Teng et al., ICLR 2025): the drafts for positions
     n .. n+L-1 are the tokens the target itself sampled there in its previous forward (q = the p
     they were sampled from); positions it has not reached yet are initialised by `init`.
@@ -97,9 +117,7 @@ class JacobiDraft:
         return _JacobiRun(self, ctx, canvas)
 
 
-class _JacobiRun:
-    prefill_forwards = 0
-
+class _JacobiRun(DraftRun):
     def __init__(self, source: JacobiDraft, ctx: Context, canvas: Canvas) -> None:
         self.source, self.ctx = source, ctx
         b, length = ctx.batch, source.length
@@ -150,9 +168,9 @@ class _JacobiRun:
         return torch.where(fresh, init, tokens), torch.where(fresh[..., None], init_q, q)
 
 
-# ----------------------------------------------------------------------------- model (SD, LANTERN)
-class ModelDraft:
-    """`model` (draft-model speculative decoding, Leviathan et al. / gpt-fast; LANTERN's drafter):
+# ----------------------------------------------------------------------------- model (SD, lantern_chain)
+class ModelDraft(DraftSource):
+    """`model` (draft-model speculative decoding, Leviathan et al. / gpt-fast; `lantern_chain`):
     a separate AR model at the target's resolution samples gamma tokens, one drafter forward each,
     with the target's sampling parameters (q = its p).
 
@@ -184,7 +202,9 @@ class ModelDraft:
         return _ModelRun(self.length, drafter, ctx)
 
 
-class _ModelRun:
+class _ModelRun(DraftRun):
+    """observe: nothing to keep; the next proposal re-feeds what the drafter's cache lacks."""
+
     prefill_forwards = 1
 
     def __init__(self, gamma: int, drafter, ctx: Context) -> None:  # drafter: ARImageModel
@@ -209,6 +229,3 @@ class _ModelRun:
             drafts.append(sample_from(q, ctx.gens))
             qs.append(q)
         return Draft(tokens=torch.stack(drafts, 1), q=torch.stack(qs, 1), drafter_forwards=self.gamma)
-
-    def observe(self, canvas: Canvas, outcome: Outcome) -> None:
-        """Nothing to do: the next proposal re-feeds what the drafter's cache lacks."""

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from baselines.scope import RasterScope, Resolution
+from baselines.scope import RasterScope, RejectionScope, Resolution
 
 
 def block_coordinates(start: Tensor, length: int, cols: int) -> tuple[Tensor, Tensor]:
@@ -45,7 +45,7 @@ def dilate(marked: Tensor, start: Tensor, grid: tuple[int, int], radius: int) ->
     return flat.gather(1, index) > 0
 
 
-class LocalScope:
+class LocalScope(RejectionScope):
     """`local(radius)`: resample the rejections and their square neighbourhood of `radius`, at or
     after the first rejection; keep every other draft.
 
@@ -57,8 +57,8 @@ class LocalScope:
 
     With rounds > 1, a row whose verification rejected something and that has verified its
     current block fewer than `rounds` times advances only to t0 + 1 (the redrawn and kept
-    positions after t0 become the next verification's drafts); a bound scope counts each row's
-    verifications of its current block, so bind it once per generate call.
+    positions after t0 become the next verification's drafts); the count comes in and goes out as
+    `verified` [B] (Resolution.verified), so the scope itself keeps no state.
     """
 
     needs_resampler = True
@@ -72,16 +72,16 @@ class LocalScope:
         self.radius, self.rounds = int(radius), int(rounds)
         self.name = f"local({self.radius})" if self.rounds == 1 else f"local({self.radius},x{self.rounds})"
         self.refeed = 0 if length is None else int(length)
-        self.verified: Tensor | None = None  # [B] verifications of each row's current block
 
     def bind(self, length: int) -> "LocalScope":
         """This scope for blocks of `length` drafts (refeed = L: after a block whose first
-        rejection is at offset 0, the next verification re-encodes the whole block), with fresh
-        per-row round counters."""
+        rejection is at offset 0, the next verification re-encodes the whole block)."""
         return LocalScope(self.radius, length, self.rounds)
 
-    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int]) -> Resolution:
-        """accept [B, L] bool, remaining [B], grid (rows, cols) -> Resolution."""
+    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int],
+                verified: Tensor | None = None) -> Resolution:
+        """accept [B, L] bool, remaining [B], grid (rows, cols), verified [B] or None (the
+        previous resolution's) -> Resolution."""
         length = accept.shape[1]
         offsets = torch.arange(length, device=accept.device)
         valid = offsets < remaining[:, None]
@@ -90,21 +90,22 @@ class LocalScope:
         start = grid[0] * grid[1] - remaining
         expanded = dilate(rejected, start, grid, self.radius) & valid & (offsets >= first[:, None])
         advance = torch.minimum(remaining, torch.full_like(remaining, length)).clamp_min(0)
-        advance = self._count_round(rejected.any(-1), first, advance)
+        advance, verified = self._count_round(rejected.any(-1), first, advance, verified)
         return Resolution(keep=valid & ~expanded, rejected=rejected, first=first,
                           resample=expanded & (offsets != first[:, None]), advance=advance,
-                          kv_valid=torch.minimum(first, (advance - 1).clamp_min(0)))
+                          kv_valid=torch.minimum(first, (advance - 1).clamp_min(0)), verified=verified)
 
-    def _count_round(self, any_rejected: Tensor, first: Tensor, advance: Tensor) -> Tensor:
-        """advance [B] over the whole block -> advance [B]: t0 + 1 for rows that rejected
-        something and may verify their block again; updates the per-row round counters."""
+    def _count_round(self, any_rejected: Tensor, first: Tensor, advance: Tensor,
+                     verified: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """advance [B] over the whole block, verified [B] or None (0 each) -> (advance [B]: t0 + 1
+        for rows that rejected something and may verify their block again, their verified + 1;
+        0 for the others, whose next block is fresh). rounds = 1 keeps no count (None)."""
         if self.rounds == 1:
-            return advance
-        if self.verified is None or self.verified.shape != advance.shape:
-            self.verified = torch.zeros_like(advance)
-        again = any_rejected & (self.verified + 1 < self.rounds)
-        self.verified = torch.where(again, self.verified + 1, 0)
-        return torch.where(again, torch.minimum(first + 1, advance), advance)
+            return advance, None
+        verified = torch.zeros_like(advance) if verified is None else verified
+        again = any_rejected & (verified + 1 < self.rounds)
+        advance = torch.where(again, torch.minimum(first + 1, advance), advance)
+        return advance, torch.where(again, verified + 1, 0)
 
 
 SCOPE_KINDS = ("local", "raster")

@@ -27,10 +27,11 @@ import torch
 from torch import Tensor
 
 from baselines.canvas import Canvas, Context, feed_positions
-from baselines.drafts import Draft, Outcome
+from baselines.drafts import Draft, DraftRun, DraftSource
 from baselines.upsamplers import UpSampler, ratio
 from baselines.zipar import zipar_schedule
 from harness.api import ModelBundle
+from harness.models.masks import attention_mask
 from harness.sampling import probs, sample_from
 
 DRAFT_SCHEDULES = ("serial", "zipar")
@@ -54,7 +55,7 @@ class Geometry:
         return self.rows * self.r * self.high[1]
 
 
-class LowResDraft:
+class LowResDraft(DraftSource):
     """`lowres`: low-resolution drafting + up-sampling.
 
     Args:
@@ -120,7 +121,9 @@ class LowResDraft:
         return _LowResRun(self, self.geometry, ctx)
 
 
-class _LowResRun:
+class _LowResRun(DraftRun):
+    """observe: nothing to keep; the next proposal re-derives the prefix from the committed canvas."""
+
     prefill_forwards = 1
 
     def __init__(self, source: LowResDraft, geo: Geometry, ctx: Context) -> None:
@@ -152,9 +155,6 @@ class _LowResRun:
         high = self.source.upsampler.up(self.low[:, :geo.n_low].view(-1, *geo.low), ctx).flatten(1)
         tokens = high.gather(1, index.clamp(max=high.shape[1] - 1))
         return Draft(tokens=tokens, q=None, drafter_forwards=forwards)  # type: ignore[arg-type]
-
-    def observe(self, canvas: Canvas, outcome: Outcome) -> None:
-        """Nothing to keep: the next proposal re-derives the prefix from the committed canvas."""
 
     def _absorb(self, canvas: Canvas, final: Tensor) -> None:
         """Rows that became final since the last proposal take D_r(committed high-res tokens)."""
@@ -205,4 +205,4 @@ class _LowResRun:
         rel = key[None] - prefix - base[:, None]  # [B, S] offset into the drafted rows
         inside = (rel >= 0) & (rel < written.shape[0])
         seen = (key[None] < prefix + base[:, None]) | (inside & written[rel.clamp(0, written.shape[0] - 1)])
-        return seen[:, None, :] & (key[None, None, :] <= query[:, :, None])
+        return attention_mask(query, slots, ~seen, own=False)

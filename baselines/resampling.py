@@ -33,18 +33,12 @@ from baselines.canvas import Canvas, Context, feed_positions
 from baselines.islands import block_islands, island_steps, serial_steps
 from baselines.pooled import anchor_table, anchored
 from baselines.scope import Resolution
-from harness.sampling import probs, uniforms
+from harness.models.masks import attention_mask
+from harness.sampling import inverse_cdf, probs, uniforms
 
 SCHEDULES = ("serial", "parallel")
 CONTEXTS = ("visible", "masked")
 KV_MODES = ("refresh", "stale", "inline")
-
-
-def draw(p: Tensor, u: Tensor) -> Tensor:
-    """Inverse-CDF sampling with given uniforms: p [B, D, V], u [B, D] -> tokens [B, D]."""
-    cdf = p.cumsum(-1)
-    scaled = (u * cdf[..., -1]).contiguous()[..., None]  # guard against rounding: scale to the total
-    return torch.searchsorted(cdf, scaled, right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)
 
 
 def pack(selected: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,7 +136,7 @@ class IslandResampler:
         p = probs(picked, ctx.sampling)
         if self.anchor:
             p = anchored(p, there, anchor_table(ctx, self.anchor))
-        new = draw(p, u.gather(1, out))
+        new = inverse_cdf(p, u.gather(1, out))
         canvas.tokens.scatter_(1, where, torch.where(out_ok, new, there))
 
     @staticmethod
@@ -151,13 +145,12 @@ class IslandResampler:
         query's own slot)."""
         slots = ctx.models.target.cache_len
         prefix = slots - ctx.n_tokens
-        key = torch.arange(slots, device=start.device)
-        query = positions[:, :, None] + prefix
+        # pending slots [B, S + 1]; the last column takes offsets past the end of the cache
         hidden = torch.zeros(start.shape[0], slots + 1, dtype=torch.bool, device=start.device)
         offsets = torch.arange(pending.shape[1], device=start.device)
         index = (start[:, None] + prefix + offsets).clamp(max=slots)
         hidden.scatter_(1, index, pending)
-        return (key <= query) & ~(hidden[:, None, :slots] & (key != query))
+        return attention_mask(positions + prefix, slots, hidden[:, :slots])
 
     def _kv_valid(self, res: Resolution, steps: Tensor, forwards: Tensor, ready: Tensor | None) -> Tensor:
         """Offsets whose K/V are final after the step (the next verification re-feeds from there);

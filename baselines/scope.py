@@ -10,7 +10,10 @@ A scope turns accept [B, L] into a `Resolution` (all offsets relative to each ro
     resample  [B, L] bool  further positions (never `first`) a `Resampler` must refill with new
                            target forwards;
     advance   [B] int64    how far the committed frontier moves;
-    kv_valid  [B] int64    offsets whose target K/V is final after the step (< kv_valid).
+    kv_valid  [B] int64    offsets whose target K/V is final after the step (< kv_valid);
+    verified  [B] int64    (scopes with rounds > 1, else None) how often each row's next block
+                           has been verified already (0: a fresh block); the loop hands it to the
+                           next `resolve`, so a scope keeps no state of its own.
 `refeed` is the most committed-but-not-encoded tokens the next verification must feed before its
 drafts (raster: 1, the last committed token). MuLo-SD's `local(l)` scope keeps accepted drafts after
 the first rejection t0, marks the l-neighbourhoods of rejections at or after t0 for resampling,
@@ -19,6 +22,7 @@ advances over the whole block and sets kv_valid = t0 (later K/V are stale), with
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,18 +42,29 @@ class Resolution:
     resample: Tensor
     advance: Tensor
     kv_valid: Tensor
+    verified: Tensor | None = None
 
 
-class RejectionScope(Protocol):
+class RejectionScope(ABC):
+    """A rejection scope: `resolve` (stateless: per-row state comes in and goes out through
+    `verified`), and what the loop asks of it, with the raster scope's defaults: `refeed`,
+    `needs_resampler` (whether it marks `resample` positions), `rounds` (verifications a drafted
+    block may get) and `bind(length)` (the scope for blocks of L drafts, once per generate call)."""
+
     name: str
-    refeed: int
-    needs_resampler: bool
+    refeed: int = 1
+    needs_resampler: bool = False
+    rounds: int = 1
 
-    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int]) -> Resolution:
+    def bind(self, length: int) -> "RejectionScope":
+        return self
+
+    @abstractmethod
+    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int],
+                verified: Tensor | None = None) -> Resolution:
         """accept [B, L] bool, remaining [B] = N - n_b (positions left per row), grid (rows,
-        cols) of the target (2-D scopes place offset o of row b at raster index N - remaining + o)
-        -> Resolution."""
-        ...
+        cols) of the target (2-D scopes place offset o of row b at raster index N - remaining + o),
+        verified [B] (the previous resolution's, None at the start) -> Resolution."""
 
 
 class Resampler(Protocol):
@@ -64,15 +79,14 @@ class Resampler(Protocol):
         ...
 
 
-class RasterScope:
+class RasterScope(RejectionScope):
     """`raster`: accept the longest run of accepted drafts, resample the first rejection from the
     residual (or take the bonus token when all were accepted), discard everything after."""
 
     name = "raster"
-    refeed = 1
-    needs_resampler = False
 
-    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int] | None = None) -> Resolution:
+    def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int] | None = None,
+                verified: Tensor | None = None) -> Resolution:
         length = accept.shape[1]
         offsets = torch.arange(length, device=accept.device)
         valid = offsets < remaining[:, None]

@@ -1,10 +1,12 @@
 """The speculative decoding loop, written once: propose -> verify in one target forward -> decide
 -> resolve (-> resample) -> commit. Methods are compositions of pieces chosen in config:
 
-    sjd      = jacobi draft + exact rule   + raster scope
-    sd       = model draft  + exact rule   + raster scope
-    lantern  = model draft  + lantern rule + raster scope
+    sjd           = jacobi draft + exact rule   + raster scope
+    sd            = model draft  + exact rule   + raster scope
+    lantern_chain = model draft  + lantern rule + raster scope
     (MuLo-SD = lowres draft + pooled_threshold rule + local(l) scope + serial/parallel resampler)
+The paper's EAGLE-2 and LANTERN (`eagle2`, `lantern`) verify draft trees instead of chains:
+baselines/tree_decoding.py.
 
 One step, for every batch row b at its own frontier n_b (the loop never branches on a row):
 1. the draft run proposes L tokens for positions n_b .. n_b+L-1 (and their q);
@@ -79,18 +81,19 @@ class SpeculativeDecoder:
         rec.forward(torch.ones_like(canvas.active), torch.ones_like(canvas.frontier))  # the prefill
         run = draft.start(ctx, canvas)
         rec.add_drafter(run.prefill_forwards)
+        verified: Tensor | None = None  # the scope's per-row round counts (Resolution.verified)
         while bool(canvas.active.any()):  # the one host sync per step
-            self._step(ctx, canvas, run, rec, scope)
+            verified = self._step(ctx, canvas, run, rec, scope, verified)
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
 
     def _bound(self, models: ModelBundle) -> tuple[DraftSource, RejectionScope]:
-        """The draft source and scope sized for these models, once per call: a source with
-        `bind(models)` (MuLo-SD's lowres: L = rows x r x target cols) and a scope with
-        `bind(length)` (local: refeed = L) are bound; the others are used as they are."""
-        draft = self.draft.bind(models) if hasattr(self.draft, "bind") else self.draft
-        scope = self.scope.bind(draft.length) if hasattr(self.scope, "bind") else self.scope
-        if getattr(scope, "rounds", 1) > 1 and not getattr(draft, "whole_image", False):
+        """The draft source and scope sized for these models, once per call (MuLo-SD's lowres
+        source: L = rows x r x target cols; the local scope: refeed = L; the others return
+        themselves)."""
+        draft = self.draft.bind(models)
+        scope = self.scope.bind(draft.length)
+        if scope.rounds > 1 and not draft.whole_image:
             raise ValueError(f"decoder scope.rounds = {scope.rounds} verifies a drafted image again after "
                              f"redrawing, which needs one whole-image draft: use the lowres draft with "
                              f"draft.rows=null (got draft {draft.name!r} with {draft.length} drafts per "
@@ -98,7 +101,9 @@ class SpeculativeDecoder:
         return draft, scope
 
     def _step(self, ctx: Context, canvas: Canvas, run: DraftRun, rec: StatsRecorder,
-              scope: RejectionScope) -> None:
+              scope: RejectionScope, verified: Tensor | None) -> Tensor | None:
+        """One verification step; verified [B] or None: the previous resolution's round counts
+        (returned for the next step)."""
         start, active = canvas.frontier.clone(), canvas.active
         remaining = ctx.n_tokens - start
         draft = run.propose(canvas)
@@ -107,7 +112,7 @@ class SpeculativeDecoder:
         length = draft.tokens.shape[1]
         u = uniforms(ctx.gens, (length,), ctx.device)
         verdict = self.accept.decide(p[:, :length], draft.q, draft.tokens, u, ctx)
-        res = scope.resolve(verdict.accept, remaining, ctx.grid)
+        res = scope.resolve(verdict.accept, remaining, ctx.grid, verified)
         samples = self._sample(ctx, p, verdict.residual, res.first)
         canvas.write(start + res.first, samples.gather(1, res.first[:, None]))
         extra = torch.zeros_like(start)
@@ -117,6 +122,7 @@ class SpeculativeDecoder:
         canvas.frontier = torch.where(active, start + res.advance, start)
         run.observe(canvas, Outcome(start=start, p=p, samples=samples, res=res))
         self._record(rec, active, start, draft, res, extra)
+        return res.verified
 
     def _verify(self, ctx: Context, canvas: Canvas, draft: Draft, refeed: int) -> Tensor:
         """One target forward over canvas[fed .. frontier + L - 1] (width min(refeed + L, N), fixed)

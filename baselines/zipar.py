@@ -29,6 +29,7 @@ from torch import Tensor
 
 from baselines.recorder import StatsRecorder
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
+from harness.models.masks import attention_mask
 from harness.sampling import sample
 from harness.seeding import make_generators
 
@@ -151,5 +152,4 @@ class ZipARDecoder:
     @staticmethod
     def _mask(written: Tensor, query_slots: Tensor, batch: int) -> Tensor:
         """written [S] bool, query cache slots [T] -> [B, T, S]: written slots at or before each query."""
-        causal = torch.arange(written.shape[0], device=written.device)[None] <= query_slots[:, None]
-        return (causal & written[None]).expand(batch, -1, -1)
+        return attention_mask(query_slots, written.shape[0], ~written, own=False).expand(batch, -1, -1)

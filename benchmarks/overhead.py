@@ -1,95 +1,87 @@
-"""Harness overhead: raster decoding through the harness versus a bare loop of model forwards on
-the same model, measured side by side (interleaved repetitions) in one run.
+"""Harness overhead: raster decoding through the harness against a bare loop of model forwards on
+the same model, both timed by the pipeline in one run (harness.run.run: interleaved repetitions):
+the bare loop is a decoder here (`BareLoop`), so there is one timer.
 
     python benchmarks/overhead.py [--model random|shapes] [--batch 1] [--images 8] [--reps 3]
+                                  [--cfg 1.0] [--threads N] [--out DIR]
 
-Prints images/s for: the bare loop (prefill + one cached forward per token + sampling), the
-RasterDecoder alone, and the whole generate() stage (conditioning, decoding, VQ decode, PNG
-writes into a SampleSet), with their ratios to the bare loop.
+Per decoder: images/s of the decode stage (batch / median decode latency), its time relative to
+the bare loop (bare's speed-up over raster, with its interval, gives RasterDecoder / bare), and the
+end-to-end latency (condition + decode + tokens to pixels, the speed evaluator's end_to_end_s).
+Writing PNGs into the SampleSet is not timed. Both decoders make the same images (one cached
+forward per token, the same per-image generators and sampler); the script checks it.
 """
 from __future__ import annotations
 
 import argparse
-import logging
-import statistics
-import tempfile
-import time
+import sys
 from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
-from baselines.raster import RasterDecoder
-from harness.api import ModelBundle, SamplingParams
-from harness.datasets.prompts import shapes
-from harness.generate import generate
-from harness.run import guided
-from harness.samples import SampleSet, plan
-from harness.sampling import sample
-from harness.seeding import make_generators
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import compose_config, header, out_dir, quiet, run_job, value  # noqa: E402
+from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams  # noqa: E402
+from harness.sampling import sample  # noqa: E402
+from harness.seeding import make_generators  # noqa: E402
 
 
-def load_bundle(name: str) -> ModelBundle:
-    if name == "shapes":
-        from harness.shapes.bundle import load
+class BareLoop:
+    """The minimum any raster decoder must do, as a decoder: prefill, then one cached forward per
+    token and sampling; no recorder, no rejection map."""
 
-        return load()
-    from harness.models.random_init import build
+    def __init__(self, sampling: SamplingParams) -> None:
+        self.sampling = sampling
 
-    return build(grid=16, vocab=512, dim=256, n_layer=4, n_head=4, prefix_len=10)
+    @torch.inference_mode()
+    def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
+        """tokens [B, rows * cols] in raster order."""
+        model = models.target
+        n = model.grid[0] * model.grid[1]
+        gens = make_generators(list(seeds), model.device)
+        model.setup_cache(len(seeds))
+        logits = model.prefill(cond)
+        tokens = []
+        for i in range(n):
+            tokens.append(sample(logits, self.sampling, gens))
+            if i + 1 < n:
+                logits = model.forward(tokens[-1][:, None], torch.tensor([i], device=model.device))[:, 0]
+        stats = [DecodeStats(target_forwards=n, tokens=n) for _ in seeds]
+        return Generation(tokens=torch.stack(tokens, 1), stats=stats)
 
 
-@torch.inference_mode()
-def bare_loop(models: ModelBundle, prompts: list[str], params: SamplingParams) -> None:
-    """The minimum any raster decoder must do: one cached forward per token plus sampling."""
-    model = models.target
-    n = model.grid[0] * model.grid[1]
-    gens = make_generators(list(range(len(prompts))), "cpu")
-    model.setup_cache(len(prompts))
-    logits = model.prefill(models.condition(prompts))
-    for i in range(n):
-        tok = sample(logits, params, gens)
-        if i + 1 < n:
-            logits = model.forward(tok[:, None], torch.tensor([i]))[:, 0]
-
-
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> Any:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["random", "shapes"], default="random")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--cfg", type=float, default=1.0)
-    a = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    params = SamplingParams(temperature=1.0, cfg_scale=a.cfg)
-    models = guided(load_bundle(a.model), params)
-    prompts = shapes(a.images)
-    texts = [p.text for p in prompts]
-    decoder = RasterDecoder(params)
-    times: dict[str, list[float]] = {"bare loop": [], "RasterDecoder": [], "generate() stage": []}
-    bare_loop(models, texts[: a.batch], params)  # warm-up
-    for rep in range(a.reps):
-        t = time.perf_counter()
-        for i in range(0, a.images, a.batch):
-            bare_loop(models, texts[i : i + a.batch], params)
-        times["bare loop"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        for i in range(0, a.images, a.batch):
-            chunk = prompts[i : i + a.batch]
-            decoder.generate(models, models.condition([p.text for p in chunk]), list(range(len(chunk))))
-        times["RasterDecoder"].append(time.perf_counter() - t)
-        with tempfile.TemporaryDirectory() as tmp:
-            specs = plan(prompts, 1, rep)
-            t = time.perf_counter()
-            generate(decoder, models, SampleSet(Path(tmp)), specs, batch_size=a.batch, warmup_batches=0,
-                     device=torch.device("cpu"), name="raster")
-            times["generate() stage"].append(time.perf_counter() - t)
-    base = statistics.median(times["bare loop"])
-    print(f"model={a.model} batch={a.batch} images={a.images} reps={a.reps} threads={torch.get_num_threads()}")
-    print(f"{'path':<18} {'img/s':>8} {'time/bare':>10}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:<18} {a.images / med:8.2f} {med / base:10.3f}")
+    ap.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    quiet()
+    out = out_dir(a.out, "overhead")
+    cfg = compose_config(["decoder=[raster]", "+decoder.bare._target_=benchmarks.overhead.BareLoop",
+                          "+decoder.bare.sampling=${sampling}", "name=overhead", "evaluator=[speed]",
+                          f"batch_size={a.batch}", f"dataset_limit={a.images}", f"timing.reps={a.reps}",
+                          "timing.images=null", "timing.batch_size=null",
+                          "sampling.temperature=1.0", "sampling.top_k=null", "sampling.top_p=1.0",
+                          f"sampling.cfg_scale={a.cfg}", *([f"threads={a.threads}"] if a.threads else [])], a.model)
+    summary = run_job(cfg, out)
+    print(header(model=a.model, batch=a.batch, images=a.images, reps=a.reps, threads=torch.get_num_threads(),
+                 out=out))
+    print(f"{'path':<26} {'img/s':>8} {'time/bare':>22} {'end-to-end s':>13}")
+    for name, label in (("bare", "bare loop"), ("raster", "RasterDecoder")):
+        ratio = [value(summary, "bare", "speedup_vs_raster", c) for c in ("value", "ci_low", "ci_high")]
+        relative = "1.000" if name == "bare" else f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]"
+        print(f"{label:<26} {a.batch / value(summary, name, 'latency_s'):8.2f} {relative:>22} "
+              f"{value(summary, name, 'end_to_end_s'):13.4f}")
+    same = all((out / "samples" / "bare" / "images" / p.name).read_bytes() == p.read_bytes()
+               for p in (out / "samples" / "raster" / "images").glob("*.png"))
+    print("images: " + ("the same" if same else "DIFFERENT (the bare loop is not raster decoding)"))
+    return summary
 
 
 if __name__ == "__main__":

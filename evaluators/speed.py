@@ -1,8 +1,11 @@
 """Speed and acceptance statistics of a SampleSet, from its per-image stats (DESIGN.md §7).
 
-Timing columns are written by the harness once per batch and repeated on each of its images
-(`batch_id`, `batch_size`, `batch_latency_s`, `condition_s`, `peak_memory_bytes`, optionally
-`shard` and `warmup`); counters come from `DecodeStats.as_row()` and are per image.
+Timing columns are written by the harness (harness/generate.py) once per batch and repeated on
+each of its images (`batch_id`, `batch_size`, `batch_latency_s`, `condition_s`,
+`peak_memory_bytes`; `timed`, `latency_reps_s`, `cpu_reps_s` or `device_reps_s` since timing got
+repetitions; optionally `shard` and `warmup`); counters come from `DecodeStats.as_row()` and are
+per image. Rows with `timed` false (decoded once, untimed) or `warmup` true count for the counters,
+never for the timings.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ log = logging.getLogger(__name__)
 VERSION = "1"
 REQUIRED_COLUMNS = ("batch_id", "batch_latency_s", "target_forwards", "tokens")
 BYTES_PER_MB = 1e6
+NOISE_QUANTILE = 0.9  # timing_noise: this quantile of the per-batch noise over a decoder's timed batches
+# MuLo-SD's per-image extras (baselines/speculative.py, DecodeStats.extra): mean rows when present
+EXTRA_MEANS = ("verify_forwards", "resample_forwards")
 
 
 class _HasStats(Protocol):
@@ -35,11 +41,20 @@ class SpeedEvaluator:
         throughput_img_s: images made by the distinct timed batches (their batch_size) / their
             summed latency, so images lost to a crash still count as work done (n = batches);
         condition_s: median text-conditioning time of each image's batch;
+        image_decode_s: median tokens-to-pixels time of each image's batch;
+        end_to_end_s: median of condition + decode + tokens to pixels per image's batch (the
+            paper's end-to-end latency; each part the median of the batch's repetitions);
         peak_memory_mb: largest per-batch peak memory (1 MB = 1e6 bytes; n = batches);
         target_forwards, drafter_forwards, resampled: means;
         step_compression: tokens / target forwards (ratio of sums);
         acceptance_rate: accepted / proposed over images that proposed drafts;
-        accepted_per_step_mean, accepted_per_step_max: over all verification steps.
+        accepted_per_step_mean, accepted_per_step_max: over all verification steps;
+        timing_noise: how far the timed batches' measurements can be trusted (`timing_noise`);
+        verify_forwards, resample_forwards (means), islands_per_step (islands / verify forwards),
+            island_size (resampled positions per island), island_size_max: when the decoder
+            records them (MuLo-SD's island-parallel resampler).
+    Timings come from the timed rows only (`timed` not false, `warmup` not true); each batch's
+    latency is the median of its repetitions (the harness writes it so).
     """
 
     def __init__(self, name: str = "speed", version: str = VERSION) -> None:
@@ -80,9 +95,14 @@ def _validate(stats: pd.DataFrame) -> None:
 def _per_sample(stats: pd.DataFrame) -> pd.DataFrame:
     """Per-image speed columns, keyed by sample_id."""
     step_lists = [_ints(v) for v in stats.get("accepted_per_step", [None] * len(stats))]
+    timed = _is_timed(stats)
     frame = pd.DataFrame({
         "sample_id": stats["sample_id"],
-        "latency_s": stats["batch_latency_s"].astype(float),
+        "batch_id": stats["batch_id"].astype(str),
+        "batch_size": stats["batch_size"] if "batch_size" in stats.columns else 1,
+        "timed": timed,
+        "latency_s": stats["batch_latency_s"].astype(float).where(timed),
+        "latency_reps_s": stats["latency_reps_s"] if "latency_reps_s" in stats.columns else None,
         "target_forwards": stats["target_forwards"].astype(float),
         "drafter_forwards": _column(stats, "drafter_forwards"),
         "tokens": stats["tokens"].astype(float),
@@ -93,6 +113,9 @@ def _per_sample(stats: pd.DataFrame) -> pd.DataFrame:
         "accepted_in_steps": [sum(steps) for steps in step_lists],
         "accepted_per_step_max": [max(steps) if steps else np.nan for steps in step_lists],
     }).reset_index(drop=True)
+    for name in (*EXTRA_MEANS, "islands", "resample_set", "island_size_max"):
+        if name in stats.columns:
+            frame[name] = stats[name].astype(float).fillna(0.0).to_numpy()
     target, proposed = frame["target_forwards"], frame["proposed"]
     frame["step_compression"] = frame["tokens"] / target.where(target > 0)
     frame["acceptance_rate"] = frame["accepted"] / proposed.where(proposed > 0)
@@ -102,12 +125,10 @@ def _per_sample(stats: pd.DataFrame) -> pd.DataFrame:
 def _timing_rows(stats: pd.DataFrame) -> list[dict[str, Any]]:
     """Latency, throughput, conditioning time and peak memory rows."""
     rows: list[dict[str, Any]] = []
-    if "warmup" in stats.columns:
-        timed = stats[~stats["warmup"].fillna(False).astype(bool)]
-    else:
-        timed = stats
+    timed = stats[_is_timed(stats)]
     if timed.empty:
-        log.warning("every batch is a warm-up batch; no latency or throughput to report")
+        log.warning("no timed batch (every batch is a warm-up or untimed one); no latency or throughput "
+                    "to report")
     else:
         latency = timed["batch_latency_s"].astype(float)
         batches = _batches(timed)
@@ -120,10 +141,75 @@ def _timing_rows(stats: pd.DataFrame) -> list[dict[str, Any]]:
         if "condition_s" in timed.columns:
             condition = timed["condition_s"].astype(float)
             rows.append(_row("condition_s", condition.median(), math.nan, len(condition), False))
-    if "peak_memory_bytes" in stats.columns:  # warm-up included: it is memory the run needed
-        peaks = _batches(stats)["peak_memory_bytes"].astype(float) / BYTES_PER_MB
+        if "image_decode_s" in timed.columns:
+            pixels = timed["image_decode_s"].astype(float)
+            rows.append(_row("image_decode_s", pixels.median(), math.nan, len(pixels), False))
+            if "condition_s" in timed.columns:
+                whole = timed["condition_s"].astype(float) + latency + pixels
+                rows.append(_row("end_to_end_s", whole.median(), math.nan, len(whole), False))
+        noise = _noise_per_batch(_batches(timed))
+        if noise.notna().any():
+            rows.append(_row("timing_noise", noise.quantile(NOISE_QUANTILE), math.nan, int(noise.notna().sum()),
+                             False))
+    if "peak_memory_bytes" in stats.columns:
+        # the timed batches' (the measured batch size); all batches when none is timed
+        peaks = _batches(timed if not timed.empty else stats)["peak_memory_bytes"].astype(float) / BYTES_PER_MB
         rows.append(_row("peak_memory_mb", peaks.max(), math.nan, len(peaks), False))
     return rows
+
+
+def _is_timed(stats: pd.DataFrame) -> pd.Series:
+    """Per row: timed (not an untimed-pass row, not a warm-up row)."""
+    timed = pd.Series(True, index=stats.index)
+    if "timed" in stats.columns:
+        timed &= stats["timed"].map(_truthy)
+    if "warmup" in stats.columns:
+        timed &= ~stats["warmup"].map(_truthy)
+    return timed
+
+
+def _truthy(value: Any) -> bool:
+    """A boolean as written to a record (bool) or read back from CSV (text); missing is false."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    return str(value).strip().lower() in ("true", "1", "1.0")
+
+
+def _floats(value: Any) -> list[float]:
+    """A space-separated list of numbers (latency_reps_s, ...); [] when absent."""
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        return [float(value)] if math.isfinite(value) else []  # one repetition, read back from CSV
+    if not isinstance(value, str) or not value.strip():
+        return []
+    return [float(v) for v in value.split()]
+
+
+def timing_noise_of(latencies: list[float], cpu: list[float], device: list[float]) -> float:
+    """The noise of one timed batch from its repetitions' decode wall times `latencies` and, when
+    measured, the decoding thread's CPU times `cpu` (CPU devices) or CUDA-event times `device`:
+    the largest of
+        the spread of the repetitions, (max - min) / min, of the wall times and of the event times:
+            the same decode of the same images should take the same time;
+        the steal, max over repetitions of 1 - cpu / wall: the share of a decode's wall time its
+            thread did not run (kept off the CPU by other processes; about 0 on a quiet machine).
+    NaN when nothing was measured twice and no CPU time is known."""
+    parts = []
+    for values in (latencies, device):
+        if len(values) >= 2 and min(values) > 0:
+            parts.append((max(values) - min(values)) / min(values))
+    if cpu and len(cpu) == len(latencies):
+        parts += [max(0.0, 1.0 - c / w) for c, w in zip(cpu, latencies) if w > 0]
+    return max(parts) if parts else math.nan
+
+
+def _noise_per_batch(batches: pd.DataFrame) -> pd.Series:
+    """timing_noise_of every batch (NaN for batches written before repetitions were recorded)."""
+    def get(name: str) -> pd.Series:
+        return batches[name] if name in batches.columns else pd.Series(None, index=batches.index, dtype=object)
+
+    return pd.Series([timing_noise_of(_floats(lat), _floats(cpu), _floats(dev))
+                      for lat, cpu, dev in zip(get("latency_reps_s"), get("cpu_reps_s"), get("device_reps_s"))],
+                     index=batches.index, dtype=float)
 
 
 def _counter_rows(per_sample: pd.DataFrame) -> list[dict[str, Any]]:
@@ -145,6 +231,17 @@ def _counter_rows(per_sample: pd.DataFrame) -> list[dict[str, Any]]:
         top = stepped["accepted_per_step_max"].max()
         rows.append(_row("accepted_per_step_max", top, math.nan, len(stepped), True))
     rows.append(_mean_row("resampled", per_sample["resampled"], False))
+    for name in EXTRA_MEANS:
+        if name in per_sample.columns:
+            rows.append(_mean_row(name, per_sample[name], False))
+    if "islands" in per_sample.columns and per_sample["islands"].sum() > 0:
+        islands = per_sample["islands"]
+        if "verify_forwards" in per_sample.columns and per_sample["verify_forwards"].sum() > 0:
+            rows.append(_ratio_row("islands_per_step", islands, per_sample["verify_forwards"], False))
+        if "resample_set" in per_sample.columns:
+            rows.append(_ratio_row("island_size", per_sample["resample_set"], islands, False))
+        if "island_size_max" in per_sample.columns:
+            rows.append(_row("island_size_max", per_sample["island_size_max"].max(), math.nan, len(per_sample), False))
     return rows
 
 
@@ -158,7 +255,8 @@ def _batches(stats: pd.DataFrame) -> pd.DataFrame:
             f"batch ids {list(clashing[clashing > 1].index[:5])} carry several latencies: batch_id "
             "must be unique within a SampleSet (add a `shard` stats column or prefix the shard)"
         )
-    columns = [c for c in ("batch_latency_s", "batch_size", "peak_memory_bytes") if c in stats]
+    columns = [c for c in ("batch_latency_s", "batch_size", "peak_memory_bytes", "latency_reps_s", "cpu_reps_s",
+                           "device_reps_s") if c in stats]
     batches = grouped[columns].first()
     if "batch_size" not in batches.columns:
         batches["batch_size"] = grouped.size()

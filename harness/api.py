@@ -15,6 +15,9 @@ import torch
 from torch import Tensor
 
 METRIC_COLUMNS = ("metric", "subset", "value", "stderr", "n", "higher_is_better")
+# Optional summary columns beside METRIC_COLUMNS: a confidence interval of `value` (NaN where none;
+# speedup_vs_raster has one, harness/run.py).
+INTERVAL_COLUMNS = ("ci_low", "ci_high")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,7 +163,8 @@ class ModelBundle:
     """What a `model=` config instantiates: the target, optional drafters, and the conditioner.
 
     `drafter` is the same-family model at lower resolution (MuLo-SD); `small_drafter` is a small
-    model at the target's resolution (draft-model SD, LANTERN)."""
+    model at the target's resolution (draft-model SD and the chain LANTERN, `lantern_chain`);
+    `eagle_head` (read from the target) is EAGLE-2's and LANTERN's drafter."""
 
     name: str
     target: ARImageModel
@@ -172,6 +176,13 @@ class ModelBundle:
 
     def condition(self, prompts: Sequence[str]) -> Condition:
         return self.conditioner(prompts)
+
+    @property
+    def eagle_head(self) -> Any:
+        """The EAGLE head drafting on the target's features (EAGLE-2, LANTERN), or None. It lives on
+        the target model (`target.eagle_head`, harness/models/eagle_head.py), so a bundle whose
+        target is wrapped (guidance) keeps it."""
+        return getattr(self.target, "eagle_head", None)
 
     def to(self, device: torch.device | str) -> "ModelBundle":
         for m in (self.target, self.drafter, self.small_drafter, self.conditioner):

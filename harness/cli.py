@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 EXIT_INPUT_ERROR = 2
 EXIT_FAILED = 1
-CHECKED_GROUPS = ("model", "decoder", "dataset", "evaluator")
+CHECKED_GROUPS = ("model", "decoder", "dataset", "evaluator", "protocol")
 DEFAULT_RUN_DIR = "results"
 
 

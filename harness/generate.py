@@ -1,23 +1,146 @@
-"""Timed generation into a SampleSet: the only place that measures time.
+"""Timed generation into SampleSets: the only place in the project that measures time.
 
-Per batch: condition (timed), decode tokens (timed: device synchronised before and after; this is
-the latency the speed evaluator reports), tokens -> images (timed separately). The first
-`warmup_batches` batches are run once untimed and discarded before the measured pass."""
+`generate_all` makes the pending samples of every decoder of a job (docs/methodology.md, "Timing"):
+
+1. warm-up: each decoder decodes its first `warmup_batches` timed batches once, untimed and
+   discarded, before any decoder's first timed decode;
+2. timed pass: the first `timing.images` images of the job's plan (all of them when null), in
+   batches of `timing.batch_size`, each batch decoded `timing.reps` times. With
+   `timing.order: interleaved` the decoders take turns batch by batch and repetition by
+   repetition (A B C, B C A, C A B, ...: the first decoder rotates), so load that comes and goes
+   lands on every decoder alike; `sequential` times one decoder after the other (A A B B C C: the
+   order before issue 31, kept for comparison);
+3. untimed pass: the rest of the plan, decoder by decoder, in batches of `batch_size`, decoded once.
+
+A repetition runs condition -> decode -> tokens to pixels; the decode is the latency the speed
+evaluator reports. `Stopwatch` synchronises the device around each part and records wall time,
+the CPU time of the decoding thread (CPU devices: a thread that other processes keep off the CPU
+shows wall time without CPU time) and, on CUDA, the time between two CUDA events.
+
+Stats rows (stats.csv, one per image; timing columns repeat over a batch's images):
+    timed               true for timed images, false for the untimed pass
+    batch_latency_s     median over the repetitions of the decode's wall time (null when untimed)
+    latency_reps_s      every repetition's decode wall time, space-separated, in decode order
+    cpu_reps_s          CPU devices: the decoding thread's CPU time of each repetition
+    device_reps_s       CUDA: the CUDA-event time of each repetition's decode
+    condition_s, image_decode_s   medians over the repetitions
+    peak_memory_bytes   CUDA: the allocator's peak during the batch's decodes; CPU: the process's
+                        peak RSS so far
+Images are the first repetition's. An image depends only on (seed, prompt id, image index), never
+on the order, the repetition or the batch it was decoded in.
+"""
 from __future__ import annotations
 
 import logging
+import math
 import resource
+import statistics
 import time
 import uuid
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
-from harness.api import Decoder, ModelBundle
+from harness.api import ConfigValueError, Decoder, ModelBundle
+from harness.preflight import budget
 from harness.samples import SampleSet, SampleSpec
 
 log = logging.getLogger(__name__)
+
+ORDERS = ("interleaved", "sequential")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How decoders are timed: the `timing` node of conf/config.yaml (documented there)."""
+
+    reps: int = 2
+    order: str = "interleaved"
+    images: int | None = None
+    batch_size: int | None = None
+    noise_threshold: float = 0.1
+
+    def __post_init__(self) -> None:
+        def whole(value: Any, low: int) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+        if not whole(self.reps, 1):
+            raise ConfigValueError(f"timing.reps must be an integer >= 1, got {self.reps!r}")
+        if self.order not in ORDERS:
+            raise ConfigValueError(f"timing.order must be one of {list(ORDERS)}, got {self.order!r}")
+        if self.images is not None and not whole(self.images, 0):
+            raise ConfigValueError(f"timing.images must be null (every image) or an integer >= 0, "
+                                   f"got {self.images!r}")
+        if self.batch_size is not None and not whole(self.batch_size, 1):
+            raise ConfigValueError(f"timing.batch_size must be null (batch_size) or an integer >= 1, "
+                                   f"got {self.batch_size!r}")
+        threshold = self.noise_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0 \
+                or not math.isfinite(threshold):
+            raise ConfigValueError(f"timing.noise_threshold must be a number > 0, got {threshold!r}")
+
+    @classmethod
+    def from_config(cls, node: Any) -> "Timing":
+        """From the `timing` config node (a mapping; absent keys keep their defaults)."""
+        values = dict(node or {})
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigValueError(f"unknown timing keys {unknown}; the keys are "
+                                   f"{sorted(cls.__dataclass_fields__)} (conf/config.yaml)")
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One decoder of a job: its name (the SampleSet's folder and the `decoder` column), the decoder,
+    the models it decodes with (guided for its sampling) and its bound SampleSet."""
+
+    name: str
+    decoder: Decoder
+    models: ModelBundle
+    sample_set: SampleSet
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """One timed call: wall seconds; the calling thread's CPU seconds (CPU devices, else None); the
+    CUDA-event seconds between its start and end (CUDA, else None)."""
+
+    wall_s: float
+    cpu_s: float | None = None
+    device_s: float | None = None
+
+
+class Stopwatch:
+    """Times calls with the device synchronised before and after. `wall` and `cpu` are the clocks
+    (perf_counter and the calling thread's CPU time); tests pass doubles."""
+
+    def __init__(self, device: torch.device, wall: Callable[[], float] = time.perf_counter,
+                 cpu: Callable[[], float] = time.thread_time) -> None:
+        self.device = device
+        self.wall = wall
+        self.cpu = cpu
+
+    def time(self, fn: Callable[[], T]) -> tuple[T, Measure]:
+        """Run `fn` and return its result with the Measure of the call."""
+        cuda = self.device.type == "cuda"
+        start = end = None
+        _sync(self.device)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        w0, c0 = self.wall(), self.cpu()
+        if start is not None:
+            start.record()
+        out = fn()
+        if end is not None:
+            end.record()
+        _sync(self.device)
+        w1, c1 = self.wall(), self.cpu()
+        device_s = start.elapsed_time(end) / 1000.0 if start is not None and end is not None else None
+        return out, Measure(wall_s=w1 - w0, cpu_s=None if cuda else c1 - c0, device_s=device_s)
 
 
 def _sync(device: torch.device) -> None:
@@ -26,7 +149,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _peak_memory(device: torch.device) -> int:
-    """Peak bytes: CUDA allocator peak on GPU, process max RSS on CPU."""
+    """Peak bytes: CUDA allocator peak since the last reset on GPU, process max RSS on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -38,49 +161,143 @@ def _batches(specs: Sequence[SampleSpec], size: int) -> list[list[SampleSpec]]:
     return [list(specs[i : i + size]) for i in range(0, len(specs), size)]
 
 
-def _decode_batch(decoder: Decoder, models: ModelBundle, batch: list[SampleSpec],
-                  device: torch.device) -> tuple[torch.Tensor, list, dict[str, float]]:
-    """Condition + decode + tokens->images for one batch, with the three timings."""
-    _sync(device)
-    t0 = time.perf_counter()
-    cond = models.condition([s.prompt.text for s in batch])
-    _sync(device)
-    t1 = time.perf_counter()
-    gen = decoder.generate(models, cond, [s.seed for s in batch])
-    _sync(device)
-    t2 = time.perf_counter()
-    images = models.target.decode(gen.tokens)
-    _sync(device)
-    t3 = time.perf_counter()
-    return images, gen.stats, {"condition_s": t1 - t0, "batch_latency_s": t2 - t1, "image_decode_s": t3 - t2}
+def schedule(counts: dict[str, int], reps: int, order: str) -> list[tuple[str, int, int]]:
+    """The timed decodes in the order they run: (decoder, batch index, repetition).
+
+    counts: timed batches per decoder (in the job's decoder order). interleaved: for each batch
+    index and repetition, every decoder that has that batch once, the first decoder rotating by
+    one per turn; sequential: each decoder's batches and repetitions in turn.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {list(ORDERS)}, got {order!r}")
+    names = list(counts)
+    if order == "sequential":
+        return [(n, b, r) for n in names for b in range(counts[n]) for r in range(reps)]
+    out: list[tuple[str, int, int]] = []
+    turn = 0
+    for b in range(max(counts.values(), default=0)):
+        for r in range(reps):
+            active = [n for n in names if b < counts[n]]
+            k = turn % len(active)
+            out += [(n, b, r) for n in active[k:] + active[:k]]
+            turn += 1
+    return out
 
 
-def generate(decoder: Decoder, models: ModelBundle, sample_set: SampleSet, specs: Sequence[SampleSpec],
-             *, batch_size: int, warmup_batches: int, device: torch.device, name: str) -> int:
-    """Generate every pending sample of `specs` into `sample_set`; returns how many were made.
+@dataclass(slots=True)
+class _Batch:
+    """The repetitions of one timed batch so far."""
 
-    Already complete samples are skipped, so a killed job resumes where it stopped."""
-    todo = sample_set.pending(specs)
-    if not todo:
-        log.info("[%s] all %d samples already complete in %s", name, len(specs), sample_set.root)
-        return 0
-    batches = _batches(todo, batch_size)
-    for batch in batches[:warmup_batches]:
-        _decode_batch(decoder, models, batch, device)  # warm-up: untimed, discarded
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    images: Any = None  # [B, H, W, 3] uint8 of the first repetition
+    tokens: torch.Tensor | None = None
+    stats: list | None = None
+    decode: list[Measure] | None = None
+    condition: list[float] | None = None
+    image: list[float] | None = None
+    peak: int = 0
+
+
+def _decode(job: Job, batch: list[SampleSpec], watch: Stopwatch) -> tuple[Any, Any, tuple[Measure, Measure, Measure]]:
+    """Condition + decode + tokens->pixels for one batch: (pixels [B, H, W, 3] uint8, generation, measures)."""
+    cond, m_cond = watch.time(lambda: job.models.condition([s.prompt.text for s in batch]))
+    gen, m_dec = watch.time(lambda: job.decoder.generate(job.models, cond, [s.seed for s in batch]))
+    images, m_img = watch.time(lambda: job.models.target.decode(gen.tokens))
+    pixels = images.permute(0, 2, 3, 1).cpu().numpy()
+    return pixels, gen, (m_cond, m_dec, m_img)
+
+
+def _reps(values: Sequence[float | None]) -> str | None:
+    """Repetition values as a space-separated list (None when not measured)."""
+    if any(v is None for v in values):
+        return None
+    return " ".join(f"{v:.9g}" for v in values)
+
+
+def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size: int, warmup_batches: int,
+                 timing: Timing, device: torch.device, stopwatch: Stopwatch | None = None) -> dict[str, int]:
+    """Generate every pending sample of `specs` for every job (module docstring); return the number
+    of samples made per decoder. Complete samples are skipped, so a killed job resumes."""
+    watch = stopwatch or Stopwatch(device)
+    timed_ids = {s.sample_id for s in (specs if timing.images is None else specs[: timing.images])}
+    timed_size = timing.batch_size or batch_size
+    timed: dict[str, list[list[SampleSpec]]] = {}
+    untimed: dict[str, list[list[SampleSpec]]] = {}
+    for job in jobs:
+        todo = job.sample_set.pending(specs)
+        if not todo:
+            log.info("[%s] all %d samples already complete in %s", job.name, len(specs), job.sample_set.root)
+        timed[job.name] = _batches([s for s in todo if s.sample_id in timed_ids], timed_size)
+        untimed[job.name] = _batches([s for s in todo if s.sample_id not in timed_ids], batch_size)
+    by_name = {job.name: job for job in jobs}
+    made = {job.name: 0 for job in jobs}
+    steps = schedule({n: len(b) for n, b in timed.items()}, timing.reps, timing.order)
+    if steps:
+        log.info("timing %d batches of %d image(s) per decoder, %d repetition(s) each, order %s",
+                 max(len(b) for b in timed.values()), timed_size, timing.reps, timing.order)
+        for index, job in enumerate(jobs):  # warm-up of every decoder before any timed decode: untimed
+            for number, batch in enumerate(timed[job.name][:warmup_batches]):
+                _, _, (_, decode, _) = _decode(job, batch, watch)
+                if index == 0 and number == warmup_batches - 1:  # the first decoder, warmed up
+                    log.info("%s", budget(decode.wall_s / len(batch), len(specs), len(jobs), device.type))
     run_token = uuid.uuid4().hex[:8]  # batch ids stay distinct across resumed runs
-    done = 0
-    bar = tqdm(batches, desc=f"generate {name}", unit="batch", disable=None)
-    for batch_id, batch in enumerate(bar):
-        images, stats, timing = _decode_batch(decoder, models, batch, device)
-        peak = _peak_memory(device)
-        pixels = images.permute(0, 2, 3, 1).cpu().numpy()
-        for spec, img, st in zip(batch, pixels, stats):
-            row = {"decoder": name, "batch_id": f"{run_token}-{batch_id}", "batch_size": len(batch), **timing,
-                   "peak_memory_bytes": peak, **st.as_row()}
-            sample_set.write(spec, img, row)
-        done += len(batch)
-        bar.set_postfix(latency=f"{timing['batch_latency_s']:.3f}s")
-    log.info("[%s] generated %d samples into %s", name, done, sample_set.root)
-    return done
+    open_batches: dict[tuple[str, int], _Batch] = {}
+    for name, b, r in tqdm(steps, desc="timed decodes", unit="decode", disable=None):
+        job, batch = by_name[name], timed[name][b]
+        state = open_batches.setdefault((name, b), _Batch(decode=[], condition=[], image=[]))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        pixels, gen, (m_cond, m_dec, m_img) = _decode(job, batch, watch)
+        state.peak = max(state.peak, _peak_memory(device))
+        state.decode.append(m_dec)  # type: ignore[union-attr]
+        state.condition.append(m_cond.wall_s)  # type: ignore[union-attr]
+        state.image.append(m_img.wall_s)  # type: ignore[union-attr]
+        tokens = gen.tokens.detach().cpu()
+        if r == 0:
+            state.images, state.tokens, state.stats = pixels, tokens, gen.stats
+        elif state.tokens is not None and not torch.equal(tokens, state.tokens):
+            log.warning("[%s] repetition %d of batch %d gave other tokens than the first (nondeterministic "
+                        "kernels?); the first repetition's images are kept", name, r + 1, b)
+        if r == timing.reps - 1:
+            _write_timed(job, batch, open_batches.pop((name, b)), f"{run_token}-{b}")
+            made[name] += len(batch)
+    for job in jobs:
+        for u, batch in enumerate(tqdm(untimed[job.name], desc=f"untimed {job.name}", unit="batch", disable=None)):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            cond = job.models.condition([s.prompt.text for s in batch])
+            gen = job.decoder.generate(job.models, cond, [s.seed for s in batch])
+            pixels = job.models.target.decode(gen.tokens).permute(0, 2, 3, 1).cpu().numpy()
+            row = {"decoder": job.name, "batch_id": f"{run_token}-u{u}", "batch_size": len(batch), "timed": False,
+                   "batch_latency_s": None, "peak_memory_bytes": _peak_memory(device)}
+            for spec, img, st in zip(batch, pixels, gen.stats):
+                job.sample_set.write(spec, img, {**row, **st.as_row()})
+            made[job.name] += len(batch)
+    for job in jobs:
+        if made[job.name]:
+            log.info("[%s] generated %d samples into %s", job.name, made[job.name], job.sample_set.root)
+    return made
+
+
+def _write_timed(job: Job, batch: list[SampleSpec], state: _Batch, batch_id: str) -> None:
+    """Write the images of a timed batch with the medians and every repetition of its timings."""
+    decode = state.decode or []
+    row = {"decoder": job.name, "batch_id": batch_id, "batch_size": len(batch), "timed": True,
+           "batch_latency_s": statistics.median(m.wall_s for m in decode),
+           "latency_reps_s": _reps([m.wall_s for m in decode]),
+           "cpu_reps_s": _reps([m.cpu_s for m in decode]),
+           "device_reps_s": _reps([m.device_s for m in decode]),
+           "condition_s": statistics.median(state.condition or [math.nan]),
+           "image_decode_s": statistics.median(state.image or [math.nan]),
+           "peak_memory_bytes": state.peak}
+    for spec, img, st in zip(batch, state.images, state.stats or []):
+        job.sample_set.write(spec, img, {**row, **st.as_row()})
+
+
+def generate(decoder: Decoder, models: ModelBundle, sample_set: SampleSet, specs: Sequence[SampleSpec], *,
+             batch_size: int, warmup_batches: int, device: torch.device, name: str,
+             timing: Timing | None = None) -> int:
+    """One decoder's `generate_all` (every image timed at `batch_size` unless `timing` says otherwise);
+    returns how many samples were made."""
+    job = Job(name=name, decoder=decoder, models=models, sample_set=sample_set)
+    return generate_all([job], specs, batch_size=batch_size, warmup_batches=warmup_batches,
+                        timing=timing or Timing(), device=device)[name]

@@ -105,11 +105,13 @@ def _check_column_types(path: Path, frame: pd.DataFrame, fix: str) -> None:
     bad = ~flags.isin({"true", "false", "1", "0", "1.0", "0.0"})
     if bad.any():
         row = int(bad.to_numpy().nonzero()[0][0])
-        raise SummaryFileError(f"{path}: column 'higher_is_better' holds {frame['higher_is_better'].iloc[row]!r} "
-                               f"on data row {row + 1}, not true/false; {fix}")
+        value = frame["higher_is_better"].iloc[row]
+        raise SummaryFileError(f"{path}: column 'higher_is_better' holds {value!r} on data row {row + 1}, "
+                               f"not true/false; {fix}")
     empty = frame["metric"].isna() | (frame["metric"].astype(str).str.strip() == "")
     if empty.any():
-        raise SummaryFileError(f"{path}: data row {int(empty.to_numpy().nonzero()[0][0]) + 1} has no metric; {fix}")
+        row = int(empty.to_numpy().nonzero()[0][0])
+        raise SummaryFileError(f"{path}: data row {row + 1} has no metric; {fix}")
 
 
 def _read_meta(path: Path) -> dict | None:
@@ -197,8 +199,13 @@ def format_table(
 
     Metric columns are marked with the better direction (up or down arrow) when `df` says it, and
     each column gets the decimals that show about four significant digits of its largest value.
+    A value with a confidence interval (columns ci_low, ci_high: speed-ups) is shown as
+    "value [low, high]".
     """
     wide = pivot(df, index=index, columns=columns, subset=subset)
+    with_ci = {"ci_low", "ci_high"} <= set(df.columns) and df["ci_low"].notna().any()
+    low, high = ((pivot(df, index=index, columns=columns, values=c, subset=subset)
+                  for c in ("ci_low", "ci_high")) if with_ci else (None, None))
     # The arrow belongs to the metric, the first column key when columns start with "metric".
     directions = _directions(df) if _names(columns)[0] == "metric" else {}
     headers = [
@@ -209,9 +216,52 @@ def format_table(
     for key in wide.columns:
         column = pd.to_numeric(wide[key], errors="coerce")
         decimals = _decimals(column)
-        for row, value in zip(cells, column):
+        for i, (row, value) in enumerate(zip(cells, column)):
             row.append(_MISSING if pd.isna(value) else f"{value:.{decimals}f}")
+            if low is not None and high is not None and pd.notna(value):
+                lo = pd.to_numeric(low[key], errors="coerce").iloc[i]
+                hi = pd.to_numeric(high[key], errors="coerce").iloc[i]
+                if pd.notna(lo) and pd.notna(hi):
+                    row[-1] += f" [{lo:.{decimals}f}, {hi:.{decimals}f}]"
     return _markdown(headers, cells, numeric_from=len(wide.index.names))
+
+
+# The terminal's headline table: at most HEADLINE_COLUMNS columns, the decoder first, then these
+# metrics (subset "all") in this order when the run has them: (metric, header, decimals, show
+# "± stderr").
+HEADLINE_METRICS = (
+    ("target_forwards", "target fwd", 1, False), ("speedup_vs_raster", "speed-up (decode)", 2, True),
+    ("geneval", "GenEval", 3, False), ("geneval_gap_vs_raster", "gap to raster", 3, True),
+    ("dpg_bench", "DPG-Bench", 2, False), ("fid", "FID", 1, False), ("kid", "KID", 4, True),
+    ("hpsv2", "HPSv2", 2, False),
+)
+HEADLINE_COLUMNS = 8
+
+
+def headline(df: pd.DataFrame) -> str:
+    """The few numbers a reader looks at first, one row per decoder, as a Markdown table of at most
+    HEADLINE_COLUMNS columns (the full table stays in summary.csv)."""
+    rows = df[df["subset"] == "all"] if "subset" in df.columns else df
+    chosen = [m for m in HEADLINE_METRICS if (rows["metric"] == m[0]).any()][: HEADLINE_COLUMNS - 1]
+    decoders = list(dict.fromkeys(rows["decoder"]))
+    cells = [[str(d)] for d in decoders]
+    for metric, _, decimals, with_error in chosen:
+        found = rows[rows["metric"] == metric].drop_duplicates("decoder").set_index("decoder")
+        for row, decoder in zip(cells, decoders):
+            row.append(_cell(found, decoder, decimals, with_error))
+    return _markdown(["decoder", *(m[1] for m in chosen)], cells, numeric_from=1)
+
+
+def _cell(found: pd.DataFrame, decoder: str, decimals: int, with_error: bool) -> str:
+    """One headline cell: the value, and "± stderr" where asked for and known."""
+    if decoder not in found.index or pd.isna(pd.to_numeric(found.at[decoder, "value"], errors="coerce")):
+        return _MISSING
+    value = float(found.at[decoder, "value"])
+    error = pd.to_numeric(found.at[decoder, "stderr"], errors="coerce")
+    text = f"{value:.{decimals}f}"
+    if with_error and pd.notna(error) and error > 0:
+        text += f" ± {float(error):.{decimals}f}"
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

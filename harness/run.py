@@ -1,31 +1,42 @@
-"""The pipeline of one job: prompts -> condition -> decode (timed) -> images -> SampleSet ->
-evaluators -> summary.csv + run.json + a printed table."""
+"""The pipeline of one job: prompts -> condition -> decode (timed: harness/generate.py) -> images ->
+SampleSet -> evaluators -> summary.csv + run.json + a printed table.
+
+Every decoder of the job is built and its SampleSet bound before the generate stage, which times
+them all together (interleaved, repeated: harness.generate.generate_all). After the evaluators, the
+job adds the rows that compare decoders with raster: `speedup_vs_raster` with a bootstrap
+confidence interval (`stderr`, `ci_low`, `ci_high`; `speedup_interval`) and `geneval_gap_vs_raster`
+with its paired standard error, and warns about decoders whose `timing_noise` exceeds
+`timing.noise_threshold`."""
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from harness import preflight, provenance, results
 from harness.results import paired_difference
-from harness import provenance, results
-from harness.api import (ConfigValueError, Decoder, Evaluator, InputError, ModelBundle, SamplingParams,
-                         checked_number)
+from harness.api import (INTERVAL_COLUMNS, ConfigValueError, Decoder, Evaluator, InputError, ModelBundle,
+                         SamplingParams, checked_number)
 from harness.datasets.prompts import select
-from harness.generate import generate
+from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
 from harness.samples import NotWritableError, SampleSet, binding_differences, plan, write_atomic
 
 log = logging.getLogger(__name__)
 
 RUN_KEYS = ("experiment", "model", "decoder", "dataset")
-STAGES = ("generate", "evaluate")
+STAGES = ("fetch", "generate", "evaluate")
 BINDING_FORMAT = 1
+BOOTSTRAP_DRAWS = 2000  # resamples of the speed-up's confidence interval
+CI_LEVEL = 0.95
 # Model config keys that say where or how weights are loaded, not which weights: left out of a
 # SampleSet's binding (the weights themselves are bound by their digest).
 _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
@@ -37,10 +48,11 @@ class EvaluationFailedError(RuntimeError):
 
 def _build(node: DictConfig, drop: tuple[str, ...] = ("name",)) -> Any:
     """Instantiate a config node without its informational keys (`name`; a model's `sampling`
-    holds its recommended sampling defaults, which `conf/config.yaml` reads)."""
+    holds its recommended sampling defaults, which `conf/config.yaml` reads; `requires` and
+    `provides` are read by harness/preflight.py)."""
     conf = OmegaConf.to_container(node, resolve=True)
     assert isinstance(conf, dict)
-    for key in drop:
+    for key in (*drop, "requires", "provides"):
         conf.pop(key, None)
     return instantiate(conf)
 
@@ -71,8 +83,15 @@ def _decoders(cfg: DictConfig) -> dict[str, DictConfig]:
     return {str(k): v for k, v in chosen.items()}
 
 
-def _evaluators(cfg: DictConfig) -> list[Evaluator]:
-    return [_build(node, drop=()) for node in (cfg.get("evaluator") or {}).values()]
+def _evaluators(cfg: DictConfig, names: list[str]) -> list[Evaluator]:
+    """The evaluators `names` (those the preflight plan keeps), instantiated."""
+    return [_build(node, drop=()) for name, node in (cfg.get("evaluator") or {}).items() if name in names]
+
+
+def _timing(cfg: DictConfig) -> Timing:
+    """The `timing` node as a Timing (defaults where the config has no such node)."""
+    node = cfg.get("timing")
+    return Timing.from_config(OmegaConf.to_container(node, resolve=True) if node is not None else {})
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -89,6 +108,8 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("threads", "dataset_limit"):
         if cfg.get(key) is not None:
             checked_number(key, cfg.get(key), integer=True, low=1)
+    checked_number("dataset_start", cfg.get("dataset_start") or 0, integer=True, low=0)
+    _timing(cfg)
     if not isinstance(cfg.device, str):
         raise ConfigValueError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     stages = list(cfg.get("stages") or [])
@@ -117,40 +138,52 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = _device(cfg.device)
-    decoders = _decoders(cfg)
-    prompts = select(_build(cfg.dataset), cfg.dataset_limit)
+    jobs_plan = preflight.check(cfg)  # incompatible decoders / evaluators, missing weights: before anything
+    decoders = {n: node for n, node in _decoders(cfg).items() if n in jobs_plan.decoders}
+    if not decoders:
+        raise preflight.IncompatibleError(f"no decoder left to run on model {cfg.model.get('name')}: "
+                                          f"{jobs_plan.skipped}")
+    timing = _timing(cfg)
+    if "fetch" in cfg.stages:
+        preflight.fetch(cfg)
+        if list(cfg.stages) == ["fetch"]:
+            return pd.DataFrame()
+    start = int(cfg.get("dataset_start") or 0)
+    prompts = select(_build(cfg.dataset)[start:], cfg.dataset_limit)
     if not prompts:
         raise ConfigValueError(f"dataset {cfg.dataset.get('name', '')!r} holds no prompt; check dataset.n, "
-                               "dataset.path or dataset_limit")
+                               "dataset.path, dataset_start or dataset_limit")
     specs = plan(prompts, cfg.images_per_prompt, cfg.seed, shard=cfg.shard.index, num_shards=cfg.shard.count)
     full_plan = plan(prompts, cfg.images_per_prompt, cfg.seed)  # what an evaluate stage scores
     _check_shard_stages(cfg)
-    evaluators = _evaluators(cfg) if "evaluate" in cfg.stages else []  # bad evaluator config: fail now
+    evaluators = _evaluators(cfg, jobs_plan.evaluators) if "evaluate" in cfg.stages else []  # fail now
     samples_root = Path(cfg.samples_dir) if cfg.samples_dir else out_dir / "samples"
     if "generate" in cfg.stages:
         _writable(samples_root, "samples directory (samples_dir)")
-    extra: dict[str, Any] = {"seed": cfg.seed, "prompts": len(prompts), "samples": len(specs)}
+    log.info("%s", preflight.describe(cfg, jobs_plan, len(prompts), len(full_plan)))
+    extra: dict[str, Any] = {"seed": cfg.seed, "prompts": len(prompts), "samples": len(specs),
+                             "plan": preflight.to_dict(jobs_plan)}
     provenance.write_run_json(out_dir / "run.json", OmegaConf.to_container(cfg, resolve=True), extra)
-    bundle: ModelBundle | None = None
-    weights = ""
+    sample_sets = {name: SampleSet(samples_root / name) for name in decoders}
+    if "generate" in cfg.stages:
+        bundle = _build(cfg.model, drop=("name", "sampling"))
+        weights = _weights_id(bundle)
+        bundle = bundle.to(device)
+        bundle.name = str(cfg.model.get("name", bundle.name))
+        jobs = []
+        for name, dec_cfg in decoders.items():  # every set bound before anything is generated
+            decoder: Decoder = _build(dec_cfg)
+            sample_sets[name].bind(sample_binding(cfg, name, weights, device),
+                                   overwrite=bool(cfg.get("overwrite_samples", False)))
+            models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
+            jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
+        generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
+                     timing=timing, device=device)
     bound: dict[str, Any] = {}  # decoder -> the binding of its SampleSet
     frames: list[pd.DataFrame] = []
     failures: list[str] = []
     verdicts: dict[tuple[str, str], pd.DataFrame] = {}  # (decoder, evaluator) -> per-image verdicts
-    for name, dec_cfg in decoders.items():
-        sample_set = SampleSet(samples_root / name)
-        if "generate" in cfg.stages:
-            if bundle is None:
-                bundle = _build(cfg.model, drop=("name", "sampling"))
-                weights = _weights_id(bundle)
-                bundle = bundle.to(device)
-                bundle.name = str(cfg.model.get("name", bundle.name))
-            decoder: Decoder = _build(dec_cfg)
-            sample_set.bind(sample_binding(cfg, name, weights, device),
-                            overwrite=bool(cfg.get("overwrite_samples", False)))
-            models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
-            generate(decoder, models, sample_set, specs, batch_size=cfg.batch_size,
-                     warmup_batches=cfg.warmup_batches, device=device, name=name)
+    for name, sample_set in sample_sets.items():
         bound[name] = sample_set.binding()
         if "evaluate" in cfg.stages:
             _warn_if_bound_elsewhere(cfg, name, bound[name])
@@ -163,7 +196,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     extra.update(sample_sets=bound, summary_rows=len(summary))
     provenance.write_run_json(out_dir / "run.json", OmegaConf.to_container(cfg, resolve=True), extra)
     if not summary.empty:
-        log.info("results in %s\n%s", out_dir, results.format_table(summary))
+        log.info("results (the full table: %s)\n%s", out_dir / results.SUMMARY_NAME, results.headline(summary))
+        _report(cfg, out_dir)
+    warn_noisy_timing(summary, timing.noise_threshold)
     if failures:
         raise EvaluationFailedError(
             f"{len(failures)} evaluation(s) failed: {'; '.join(failures)}. The other rows are in "
@@ -172,17 +207,37 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     return summary
 
 
+def _report(cfg: DictConfig, out_dir: Path) -> None:
+    """Write the run's static HTML report (tables and figures) under <run dir>/report and name it;
+    a failure to draw is logged, never fatal to the run."""
+    if not cfg.get("report", True):
+        return
+    from harness.report.tables import regenerate  # matplotlib only when a report is wanted
+
+    try:
+        regenerate([out_dir], out_dir / "report", paper_rows=False)
+    except Exception as err:  # noqa: BLE001 - a report is a view of results already written
+        log.warning("no HTML report: %s: %s", type(err).__name__, err)
+        return
+    log.info("report: %s", out_dir / "report" / "index.html")
+
+
 def _write_summary(out_dir: Path, frames: list[pd.DataFrame],
                    verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
     """Derive the cross-decoder rows and write summary.csv atomically (after every decoder, so an
     interrupted or failing job keeps what it scored)."""
     if not frames:
         return pd.DataFrame()
-    summary = pd.concat(frames, ignore_index=True)
-    summary = _with_speedup(summary)
-    summary = _with_geneval_gap(summary, verdicts)
+    summary = with_comparisons(pd.concat(frames, ignore_index=True), verdicts)
     results.write_summary(out_dir / results.SUMMARY_NAME, summary)
     return summary
+
+
+def with_comparisons(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """`summary` (the evaluators' rows of a job, with run columns) plus the rows that compare each
+    decoder with raster: speedup_vs_raster (with its interval) and geneval_gap_vs_raster.
+    `verdicts`: per-image tables by (decoder, evaluator name)."""
+    return _with_geneval_gap(_with_speedup(summary, verdicts), verdicts)
 
 
 def _weights_id(bundle: ModelBundle) -> str:
@@ -292,9 +347,10 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
     return frames
 
 
-def _with_speedup(summary: pd.DataFrame) -> pd.DataFrame:
-    """Add `speedup_vs_raster` (raster median latency / decoder median latency) when a raster
-    run is in the same job: the side-by-side ratio the paper reports."""
+def _with_speedup(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """Add `speedup_vs_raster` (raster's median latency / the decoder's) when raster is in the job:
+    the side-by-side ratio the paper reports, with its bootstrap standard error and confidence
+    interval (`speedup_interval`) where the speed evaluator's per-image latencies are at hand."""
     lat = summary[(summary.metric == "latency_s") & (summary.subset == "all")]
     base = lat[lat.decoder == "raster"]
     if base.empty:
@@ -303,9 +359,132 @@ def _with_speedup(summary: pd.DataFrame) -> pd.DataFrame:
     rows = lat.copy()
     rows["metric"] = "speedup_vs_raster"
     rows["value"] = ref / rows["value"].astype(float)
-    rows["stderr"] = float("nan")
     rows["higher_is_better"] = True
-    return pd.concat([summary, rows], ignore_index=True)
+    intervals = []
+    reference = verdicts.get(("raster", str(base.evaluator.iloc[0])))
+    for _, row in rows.iterrows():
+        mine = verdicts.get((row.decoder, row.evaluator))
+        if mine is None or reference is None:
+            intervals.append((math.nan, math.nan, math.nan))
+        else:
+            intervals.append(speedup_interval(mine, reference)[1:])
+    rows["stderr"] = [i[0] for i in intervals]
+    rows[list(INTERVAL_COLUMNS)] = [list(i[1:]) for i in intervals]
+    ratios = [_ratio_rows(summary, "end_to_end_s", "speedup_e2e_vs_raster"),
+              _ratio_rows(summary, "target_forwards", "forward_compression_vs_raster")]
+    return pd.concat([summary, rows, *ratios], ignore_index=True)
+
+
+def _ratio_rows(summary: pd.DataFrame, metric: str, name: str) -> pd.DataFrame:
+    """Rows `name` = raster's `metric` / each decoder's, when raster is in the job: with `end_to_end_s`
+    the paper's end-to-end speed-up (condition + decode + tokens to pixels), with `target_forwards`
+    the forward-count compression (machine-independent)."""
+    found = summary[(summary.metric == metric) & (summary.subset == "all")]
+    base = found[found.decoder == "raster"]
+    if base.empty:
+        return found.iloc[0:0]
+    rows = found.copy()
+    rows["metric"] = name
+    rows["value"] = float(base.value.iloc[0]) / rows["value"].astype(float)
+    rows["stderr"] = math.nan
+    rows["higher_is_better"] = True
+    return rows
+
+
+def _units(per_sample: pd.DataFrame) -> tuple[list[str], list[np.ndarray], np.ndarray]:
+    """The timed batches of a speed per_sample table: (key, repetition latencies, images) per batch.
+    The key is the batch's sorted sample ids, so two decoders' batches of the same images pair."""
+    frame = per_sample
+    if "timed" in frame.columns:
+        frame = frame[frame["timed"].astype(str).str.lower().isin(("true", "1", "1.0"))]
+    frame = frame[pd.to_numeric(frame["latency_s"], errors="coerce").notna()]
+    keys, reps, sizes = [], [], []
+    group = frame["batch_id"] if "batch_id" in frame.columns else frame["sample_id"]
+    for _, batch in frame.groupby(group, sort=False):
+        listed = batch["latency_reps_s"].iloc[0] if "latency_reps_s" in batch.columns else None
+        values = [float(v) for v in str(listed).split()] if isinstance(listed, (str, float, int)) else []
+        values = [v for v in values if math.isfinite(v)]
+        keys.append(" ".join(sorted(batch["sample_id"].astype(str))))
+        reps.append(np.asarray(values or [float(batch["latency_s"].iloc[0])], dtype=float))
+        sizes.append(len(batch))
+    return keys, reps, np.asarray(sizes, dtype=float)
+
+
+def speedup_interval(mine: pd.DataFrame, reference: pd.DataFrame, draws: int = BOOTSTRAP_DRAWS,
+                     level: float = CI_LEVEL, seed: int = 0) -> tuple[float, float, float, float]:
+    """Speed-up of `mine` over `reference` (speed per_sample tables: sample_id, batch_id, latency_s,
+    latency_reps_s, timed) as (point, stderr, ci_low, ci_high).
+
+    point: the reference's median per-image latency / mine (latency = median of the repetitions).
+    The interval is a two-level bootstrap: timed batches are resampled with replacement (the same
+    draw for both decoders when their batches hold the same images: a paired ratio), then each
+    batch's repetitions, and the ratio of the per-image medians is taken; ci_low / ci_high are its
+    (1 - level) / 2 and (1 + level) / 2 quantiles, stderr its standard deviation. Seeded: the same
+    latencies give the same interval. NaN where either side has fewer than two timed decodes.
+    """
+    mine_keys, mine_reps, mine_sizes = _units(mine)
+    ref_keys, ref_reps, ref_sizes = _units(reference)
+    if not mine_keys or not ref_keys:
+        return (math.nan,) * 4
+    if min(sum(len(r) for r in mine_reps), sum(len(r) for r in ref_reps)) < 2:
+        return (math.nan,) * 4  # one decode on a side: nothing to resample
+    point = _weighted_median(np.array([[np.median(r) for r in ref_reps]]), ref_sizes)[0] \
+        / _weighted_median(np.array([[np.median(r) for r in mine_reps]]), mine_sizes)[0]
+    rng = np.random.default_rng(seed)
+    pick_ref = rng.integers(0, len(ref_keys), size=(draws, len(ref_keys)))
+    ref_idx = [rng.integers(0, len(r), size=(draws, len(r))) for r in ref_reps]
+    if sorted(mine_keys) == sorted(ref_keys):  # paired: the same images, and the same repetitions
+        where = {k: i for i, k in enumerate(ref_keys)}
+        to_ref = np.array([where[k] for k in mine_keys])  # mine's batch j holds ref's batch to_ref[j]
+        pick_mine = np.argsort(to_ref)[pick_ref]
+        mine_idx = [ref_idx[to_ref[j]] if len(r) == len(ref_reps[to_ref[j]])
+                    else rng.integers(0, len(r), size=(draws, len(r))) for j, r in enumerate(mine_reps)]
+    else:
+        pick_mine = rng.integers(0, len(mine_keys), size=(draws, len(mine_keys)))
+        mine_idx = [rng.integers(0, len(r), size=(draws, len(r))) for r in mine_reps]
+    rows = np.arange(draws)[:, None]
+    ratios = _weighted_median(_resampled(ref_reps, ref_idx)[rows, pick_ref], ref_sizes[pick_ref]) \
+        / _weighted_median(_resampled(mine_reps, mine_idx)[rows, pick_mine], mine_sizes[pick_mine])
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(point), float(np.std(ratios, ddof=1)) if draws > 1 else math.nan, float(low), float(high)
+
+
+def _resampled(reps: list[np.ndarray], idx: list[np.ndarray]) -> np.ndarray:
+    """[draws, batches]: per draw and batch, the median of the batch's repetitions drawn at `idx`
+    (per batch [draws, repetitions] indices: resampling with replacement)."""
+    return np.stack([np.median(values[i], axis=1) for values, i in zip(reps, idx)], axis=1)
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Row-wise median of `values` [D, U] with integer weights [D, U] (or [U]): each value counted
+    `weight` times; the mean of the two middle values when the total weight is even (pandas's
+    median of per-image rows)."""
+    weights = np.broadcast_to(weights, values.shape)
+    order = np.argsort(values, axis=1)
+    v = np.take_along_axis(values, order, axis=1)
+    cum = np.cumsum(np.take_along_axis(weights, order, axis=1), axis=1)
+    total = cum[:, -1:]
+    lower = np.argmax(cum >= (total + 1) // 2, axis=1)  # the image at position ceil(total / 2)
+    upper = np.argmax(cum >= total // 2 + 1, axis=1)  # the image at position total // 2 + 1
+    rows = np.arange(len(values))
+    return (v[rows, lower] + v[rows, upper]) / 2
+
+
+def warn_noisy_timing(summary: pd.DataFrame, threshold: float) -> list[str]:
+    """Log a warning naming every decoder whose `timing_noise` exceeds `threshold`; return them."""
+    if summary.empty or "metric" not in summary.columns:
+        return []
+    noise = summary[(summary.metric == "timing_noise") & (summary.subset == "all")]
+    noisy = noise[pd.to_numeric(noise.value, errors="coerce") > threshold]
+    if noisy.empty:
+        return []
+    names = [str(d) for d in noisy.decoder]
+    figures = ", ".join(f"{d} {float(v):.2f}" for d, v in zip(noisy.decoder, noisy.value))
+    log.warning("timing unreliable for %s: timing_noise (%s) above timing.noise_threshold %.2f. Repeated "
+                "decodes of the same images disagree, or the decoding thread was kept off the CPU (another "
+                "process?); do not trust these decoders' latencies and speed-ups. Rerun on a quiet "
+                "machine (docs/methodology.md).", ", ".join(names), figures, threshold)
+    return names
 
 
 def _with_geneval_gap(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:

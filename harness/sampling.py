@@ -44,15 +44,20 @@ def uniforms(generators: Sequence[torch.Generator], shape: tuple[int, ...], devi
     return torch.stack(rows).to(device)
 
 
+def inverse_cdf(p: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF sampling with given uniforms: p [..., V], u [...] in [0, 1) -> tokens [...]
+    int64: the first token whose cumulative mass exceeds u (scaled to the row total, which guards
+    against rounding; the clamp keeps u * total == total on the last token)."""
+    cdf = p.cumsum(-1)
+    scaled = (u * cdf[..., -1]).contiguous()[..., None]
+    return torch.searchsorted(cdf, scaled, right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)
+
+
 def sample_from(p: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
     """p [B, T, V] (or [B, V]) -> tokens [B, T] (or [B]) by inverse-CDF with per-row uniforms."""
     squeeze = p.dim() == 2
     p3 = p[:, None] if squeeze else p
-    u = uniforms(generators, (p3.shape[1],), p3.device)  # [B, T]
-    cdf = p3.cumsum(-1)
-    u = u * cdf[..., -1]  # guard against rounding: scale to the row total
-    tok = torch.searchsorted(cdf, u[..., None].contiguous(), right=True).squeeze(-1)
-    tok = tok.clamp_max(p3.shape[-1] - 1)
+    tok = inverse_cdf(p3, uniforms(generators, (p3.shape[1],), p3.device))  # [B, T]
     return tok[:, 0] if squeeze else tok
 
 

@@ -5,6 +5,7 @@ Most cases run the command line in-process (the same pre-check, composition, run
 `python -m harness`, without a new interpreter per case); two run `python -m harness` itself to
 prove the wiring of the exit status.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,9 @@ CONFIG_CASES = [
 
 
 @pytest.mark.parametrize("overrides,words", CONFIG_CASES, ids=[" ".join(c[0]) for c in CONFIG_CASES])
-def test_bad_config_value(tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str],
-                          words: list[str]) -> None:
+def test_bad_config_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], words: list[str]
+) -> None:
     status, err = outcome(tmp_path, overrides, capsys)
     assert status == EXIT_INPUT_ERROR, err
     assert err.startswith("error: ") and "Traceback" not in err
@@ -113,16 +115,24 @@ def _prompts(tmp_path: Path, name: str, data: bytes) -> list[str]:
     return ["dataset=prompt_file", f"dataset.path={path}"]
 
 
-@pytest.mark.parametrize("name,data,words", [
-    ("p.txt", b"a photo of a cat\n\xff\xfe broken\n", ["p.txt:2", "UTF-8"]),
-    ("p.jsonl", b'{"prompt": "ok"}\n{"prompt": \n', ["p.jsonl:2", "not valid JSON"]),
-    ("p.jsonl", b'{"prompt": "ok"}\n{"text": 3}\n', ["p.jsonl:2", "'prompt'"]),
-    ("p.jsonl", b'["a list"]\n', ["p.jsonl:1", "JSON object"]),
-    ("p.txt", b"\n  \n", ["p.txt", "holds no prompt"]),
-    ("p.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', ["p.jsonl", "repeats prompt ids"]),
-])
-def test_bad_prompts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes,
-                          words: list[str]) -> None:
+@pytest.mark.parametrize(
+    "name,data,words",
+    [
+        ("p.txt", b"a photo of a cat\n\xff\xfe broken\n", ["p.txt:2", "UTF-8"]),
+        ("p.jsonl", b'{"prompt": "ok"}\n{"prompt": \n', ["p.jsonl:2", "not valid JSON"]),
+        ("p.jsonl", b'{"prompt": "ok"}\n{"text": 3}\n', ["p.jsonl:2", "'prompt'"]),
+        ("p.jsonl", b'["a list"]\n', ["p.jsonl:1", "JSON object"]),
+        ("p.txt", b"\n  \n", ["p.txt", "holds no prompt"]),
+        (
+            "p.jsonl",
+            b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n',
+            ["p.jsonl", "repeats prompt ids"],
+        ),
+    ],
+)
+def test_bad_prompts_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes, words: list[str]
+) -> None:
     status, err = outcome(tmp_path, _prompts(tmp_path, name, data), capsys)
     assert status == EXIT_INPUT_ERROR, err
     for word in words:
@@ -148,6 +158,7 @@ def test_rejected_caption_is_quoted_shortened(tmp_path: Path, capsys: pytest.Cap
 
 def _weights_copy(tmp_path: Path) -> Path:
     from harness.shapes.weights import WORLDS
+
     folder = tmp_path / "weights"
     folder.mkdir()
     for file in WORLDS["x1"].iterdir():
@@ -156,13 +167,18 @@ def _weights_copy(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("damage,words", [
-    ("manifest_garbled", ["manifest.json", "corrupt"]),
-    ("manifest_missing", ["manifest.json", "not installed"]),
-    ("manifest_no_files", ["manifest.json", "'files'"]),
-    ("weights_changed", ["target.safetensors", "sha256"]),
-])
-def test_bad_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: list[str]) -> None:
+@pytest.mark.parametrize(
+    "damage,words",
+    [
+        ("manifest_garbled", ["manifest.json", "corrupt"]),
+        ("manifest_missing", ["manifest.json", "not installed"]),
+        ("manifest_no_files", ["manifest.json", "'files'"]),
+        ("weights_changed", ["target.safetensors", "sha256"]),
+    ],
+)
+def test_bad_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: list[str]
+) -> None:
     folder = _weights_copy(tmp_path)
     manifest = folder / "manifest.json"
     if damage == "manifest_garbled":
@@ -174,7 +190,9 @@ def test_bad_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage:
     else:
         target = folder / "target.safetensors"
         target.write_bytes(target.read_bytes()[:-8] + b"\0" * 8)
-    status, err = outcome(tmp_path, ["model=shapes", f"model.weights_dir={folder}", "decoder=[raster]"], capsys)
+    status, err = outcome(
+        tmp_path, ["model=shapes", f"model.weights_dir={folder}", "decoder=[raster]"], capsys
+    )
     assert status == EXIT_INPUT_ERROR, err
     for word in words:
         assert word in err, (word, err)
@@ -183,7 +201,9 @@ def test_bad_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage:
 # --- SampleSets --------------------------------------------------------------------------------
 
 
-def test_rerun_with_another_configuration_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rerun_with_another_configuration_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["decoder=[raster]", "evaluator=[speed]"]
     assert outcome(tmp_path, base, capsys)[0] == 0
     images = {p: p.read_bytes() for p in (tmp_path / "run" / "samples").rglob("*.png")}
@@ -195,12 +215,15 @@ def test_rerun_with_another_configuration_is_refused(tmp_path: Path, capsys: pyt
     # a decoder option counts too
     status, err = outcome(tmp_path, ["decoder=[mulo_sd]", "evaluator=[speed]"], capsys)
     assert status == 0, err  # another decoder: its own SampleSet
-    status, err = outcome(tmp_path, ["decoder=[mulo_sd]", "evaluator=[speed]", "decoder.mulo_sd.accept.tau=1.0"], capsys)
+    status, err = outcome(
+        tmp_path, ["decoder=[mulo_sd]", "evaluator=[speed]", "decoder.mulo_sd.accept.tau=1.0"], capsys
+    )
     assert status == EXIT_INPUT_ERROR and "decoder.accept.tau: stored 0.1, now 1.0" in err
 
 
 def test_overwrite_samples_regenerates_under_the_new_configuration(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["decoder=[raster]", "evaluator=[speed]"]
     assert outcome(tmp_path, base, capsys)[0] == 0
     status, err = outcome(tmp_path, [*base, "sampling.temperature=0", "overwrite_samples=true"], capsys)
@@ -229,8 +252,11 @@ def test_set_without_binding_is_refused(tmp_path: Path, capsys: pytest.CaptureFi
 def test_evaluate_only_on_an_incomplete_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert outcome(tmp_path, ["decoder=[raster]", "stages=[generate]"], capsys)[0] == 0
     samples = tmp_path / "run" / "samples"
-    status, err = outcome(tmp_path / "e", ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}",
-                                           "dataset_limit=6"], capsys)
+    status, err = outcome(
+        tmp_path / "e",
+        ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}", "dataset_limit=6"],
+        capsys,
+    )
     assert status == EXIT_INPUT_ERROR and "incomplete" in err and "stages=[generate]" in err
 
 
@@ -239,8 +265,9 @@ def test_evaluate_reads_a_corrupt_image(tmp_path: Path, capsys: pytest.CaptureFi
     samples = tmp_path / "run" / "samples"
     png = sorted((samples / "raster" / "images").glob("*.png"))[0]
     png.write_bytes(png.read_bytes()[:30] + b"\0" * (png.stat().st_size - 30))  # same size, bad data
-    status, err = outcome(tmp_path / "e", ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}"],
-                          capsys)
+    status, err = outcome(
+        tmp_path / "e", ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}"], capsys
+    )
     assert status == EXIT_INPUT_ERROR and png.stem in err
 
 
@@ -261,18 +288,23 @@ def _results_cli(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage,words", [
-    ("truncated_at_a_line", ["rows but", "were written"]),
-    ("truncated_mid_row", ["summary.csv"]),
-    ("garbled_value", ["column 'value'", "'fast'"]),
-    ("garbled_flag", ["higher_is_better", "'perhaps'"]),
-    ("fractional_n", ["column 'n'", "whole"]),
-    ("no_metric_columns", ["lacks the columns"]),
-    ("empty", ["not a readable CSV"]),
-    ("not_utf8", ["not a readable CSV"]),
-    ("meta_corrupt", ["summary.meta.json", "corrupt"]),
-])
-def test_bad_summary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: list[str]) -> None:
+@pytest.mark.parametrize(
+    "damage,words",
+    [
+        ("truncated_at_a_line", ["rows but", "were written"]),
+        ("truncated_mid_row", ["summary.csv"]),
+        ("garbled_value", ["column 'value'", "'fast'"]),
+        ("garbled_flag", ["higher_is_better", "'perhaps'"]),
+        ("fractional_n", ["column 'n'", "whole"]),
+        ("no_metric_columns", ["lacks the columns"]),
+        ("empty", ["not a readable CSV"]),
+        ("not_utf8", ["not a readable CSV"]),
+        ("meta_corrupt", ["summary.meta.json", "corrupt"]),
+    ],
+)
+def test_bad_summary_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: list[str]
+) -> None:
     path = _summary(tmp_path, capsys)
     lines = path.read_text().splitlines(keepends=True)
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -316,6 +348,7 @@ def test_run_json_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     def refuse(constant: str) -> None:
         raise ValueError(f"run.json holds {constant}")
+
     record = json.loads((tmp_path / "run" / "run.json").read_text(), parse_constant=refuse)
     assert record["extra"]["summary_rows"] > 0 and "raster" in record["extra"]["sample_sets"]
 
@@ -325,12 +358,20 @@ def test_run_json_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def _harness(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("override,word", [("sampling.temperature=nan", "sampling.temperature"),
-                                           ("decoder=[rastr]", "unknown decoder")])
+@pytest.mark.parametrize(
+    "override,word",
+    [("sampling.temperature=nan", "sampling.temperature"), ("decoder=[rastr]", "unknown decoder")],
+)
 def test_command_line_exit_status(tmp_path: Path, override: str, word: str) -> None:
     res = _harness([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}", override], tmp_path)
     assert res.returncode == EXIT_INPUT_ERROR, res.stderr[-2000:]

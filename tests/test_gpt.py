@@ -6,18 +6,19 @@ import pytest
 import torch
 
 from harness.models.condition import TextCondition
-from harness.models.gpt import GPT, GPTConfig, rope_2d_table, causal_mask
+from harness.models.gpt import GPT, GPTConfig, causal_mask, rope_2d_table
 from harness.models.guidance import Guided
 from harness.models.random_init import build
+from harness.shapes.gpt import ShapesConfig, ShapesGPT, partial_rope_table
 
 
 def _gpt(pos_embed: str = "rope2d", n_kv_head: int | None = None, broadcast: bool = False,
          prefix_rope: str = "identity") -> GPT:
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=2, n_head=4, n_kv_head=n_kv_head,
-                    prefix_len=3, caption_dim=16, word_vocab=11, pos_embed=pos_embed,
-                    cond_broadcast=broadcast, prefix_rope=prefix_rope)
-    gpt = GPT(cfg).eval()
+    cfg = ShapesConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=2, n_head=4, n_kv_head=n_kv_head,
+                       prefix_len=3, caption_dim=16, word_vocab=11, pos_embed=pos_embed,
+                       cond_broadcast=broadcast, prefix_rope=prefix_rope)
+    gpt = ShapesGPT(cfg).eval()
     torch.nn.init.normal_(gpt.output.weight, std=0.2)
     if pos_embed == "learned":
         torch.nn.init.normal_(gpt.pos_embedding, std=0.2)
@@ -127,9 +128,9 @@ def test_word_pos_lets_image_tokens_tell_caption_word_order() -> None:
     assert not torch.equal(cond.ids, swapped.ids)
     for word_pos in (False, True):
         torch.manual_seed(0)
-        cfg = GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
-                        word_vocab=11, prefix_rope="zero", word_pos=word_pos)
-        gpt = GPT(cfg).eval()
+        cfg = ShapesConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3,
+                           caption_dim=16, word_vocab=11, prefix_rope="zero", word_pos=word_pos)
+        gpt = ShapesGPT(cfg).eval()
         torch.nn.init.normal_(gpt.output.weight, std=0.2)
         if word_pos:
             torch.nn.init.normal_(gpt.word_pos, std=0.5)
@@ -139,14 +140,14 @@ def test_word_pos_lets_image_tokens_tell_caption_word_order() -> None:
 
 
 def test_rope_fraction_keeps_unrotated_pairs_for_every_slot() -> None:
-    table = rope_2d_table((4, 4), 16, 10000.0, 3, "zero", fraction=0.5)  # 8 pairs, 4 rotate
+    table = partial_rope_table((4, 4), 16, 10000.0, 3, "zero", fraction=0.5)  # 8 pairs, 4 rotate
     assert table.shape == (3 + 16, 8, 2)
     assert (table[:3, :4] == 0).all()  # prefix: rotating pairs zeroed (LlamaGen's zero table)
     identity = torch.tensor([1.0, 0.0])
     assert (table[:, 4:] == identity).all()  # no slot rotates the other pairs
     assert not (table[3:, :4] == identity).all()  # image slots rotate the first half
     with pytest.raises(ValueError, match="rope_fraction"):
-        GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_head=4, rope_fraction=0.3)
+        ShapesConfig(vocab_size=32, grid=(4, 4), dim=32, n_head=4, rope_fraction=0.3)
 
 
 @torch.inference_mode()
@@ -156,9 +157,9 @@ def test_caption_slots_are_chosen_by_content_only_with_unrotated_pairs(fraction:
     queries and keys (a uniform average: the first image token ignores their weights); unrotated pairs let
     queries weigh the caption slots by content."""
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
-                    word_vocab=11, prefix_rope="zero", rope_fraction=fraction)
-    gpt = GPT(cfg).eval()
+    cfg = ShapesConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
+                       word_vocab=11, prefix_rope="zero", rope_fraction=fraction)
+    gpt = ShapesGPT(cfg).eval()
     torch.nn.init.normal_(gpt.output.weight, std=0.2)
     cond, toks = _cond(1), _tokens(1)
     before = gpt.forward_train(cond, toks)[:, 0]  # image position 0: predicted from the prefix alone
@@ -170,7 +171,7 @@ def test_caption_slots_are_chosen_by_content_only_with_unrotated_pairs(fraction:
 
 def test_word_pos_needs_word_ids() -> None:
     with pytest.raises(ValueError, match="word_pos needs word-id captions"):
-        GPTConfig(vocab_size=32, grid=(4, 4), word_vocab=0, word_pos=True)
+        ShapesConfig(vocab_size=32, grid=(4, 4), word_vocab=0, word_pos=True)
 
 
 @torch.inference_mode()
@@ -197,3 +198,27 @@ def test_hidden_tokens_in_training_equal_a_masked_cached_forward() -> None:
     torch.testing.assert_close(cached, gapped[:, 1:], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="hidden must have shape"):
         gpt.forward_train(cond, toks, hidden=none[:, :8])
+
+
+def test_the_official_config_has_no_shapes_options() -> None:
+    """GPTConfig is the official architecture (LlamaGen, Tar); word-id captions, slot embeddings,
+    broadcast condition, partial RoPE and learned positions are ShapesConfig's."""
+    fields = set(GPTConfig.__dataclass_fields__)
+    assert not fields & {"word_vocab", "word_pos", "cond_broadcast", "rope_fraction"}
+    with pytest.raises(ValueError, match="pos_embed must be one of"):
+        GPTConfig(vocab_size=32, grid=(4, 4), dim=32, pos_embed="learned")
+    gpt = GPT(GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, prefix_len=3, caption_dim=16)).eval()
+    with pytest.raises(ValueError, match="word-id captions need a ShapesGPT"):
+        gpt.forward_train(_cond(1), _tokens(1))
+    shapes = ShapesGPT(ShapesConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, prefix_len=3,
+                                    caption_dim=16, word_vocab=11))
+    features = TextCondition(null=torch.zeros(1, dtype=torch.bool), features=torch.randn(1, 3, 16))
+    assert shapes.forward_train(features, _tokens(1)).shape == (1, 16, 32)  # features pass through
+
+
+def test_partial_rope_table_is_the_official_table_on_the_rotating_pairs() -> None:
+    full = rope_2d_table((4, 4), 8, 10000.0, 3, "zero")  # 4 pairs
+    partial = partial_rope_table((4, 4), 16, 10000.0, 3, "zero", fraction=0.5)  # 4 of 8 pairs rotate
+    assert torch.equal(partial[:, :4], full)
+    whole = partial_rope_table((4, 4), 16, 10000.0, 3, "zero")  # fraction 1: LlamaGen's table
+    assert torch.equal(whole, rope_2d_table((4, 4), 16, 10000.0, 3, "zero"))

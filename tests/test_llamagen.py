@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness.models.condition import TextCondition
+from harness.models.eagle_head import save_head
 from harness.models.gpt import GPT, rope_2d_table
 from harness.models.hub import WeightsError, resolve
 from harness.models.llamagen import gpt_config
@@ -36,6 +37,7 @@ def _save_official(bundle, cfg, folder: Path) -> None:
     torch.save({"model": bundle.small_drafter.gpt.state_dict()}, folder / cfg.model.small_drafter_file)
     torch.save({"model": bundle.target.tokenizer.state_dict(), "args": __import__("argparse").Namespace(x=1)},
                folder / cfg.model.vq_file)
+    save_head(bundle.eagle_head, folder / cfg.model.eagle_head_file, dtype=torch.float32)
 
 
 @torch.inference_mode()
@@ -44,7 +46,7 @@ def test_tiny_official_files_reload_strictly_through_the_loader(tmp_path: Path) 
     _save_official(random, cfg, tmp_path)
     _, loaded = _tiny(["model.random_init=false", f"model.local_dir={tmp_path}", "model.seed=5"])
     for a, b in [(random.target, loaded.target), (random.drafter, loaded.drafter),
-                 (random.small_drafter, loaded.small_drafter)]:
+                 (random.small_drafter, loaded.small_drafter), (random.eagle_head, loaded.eagle_head)]:
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     cond = loaded.condition(["a red cube", "two green spheres on a table"])

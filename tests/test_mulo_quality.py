@@ -1,5 +1,5 @@
-"""benchmarks/mulo_quality.py: variant parsing, and an end-to-end sweep on a tiny random model whose
-per-image verdicts must add up to the printed scores and gaps."""
+"""benchmarks/mulo_quality.py: variant parsing, and sweeps on a tiny random model that run the
+pipeline untimed, whose per-image verdicts add up to the printed scores and gaps."""
 from __future__ import annotations
 
 import sys
@@ -9,14 +9,24 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.mulo import compose_config  # noqa: E402
-from benchmarks.mulo_quality import X2_VARIANTS, main, overall, parse_variant  # noqa: E402
-from evaluators.geneval_rules import paired_difference  # noqa: E402
+from benchmarks.mulo_quality import X2_VARIANTS, main, parse_variant  # noqa: E402
+from evaluators.geneval_rules import tag_accuracies  # noqa: E402
+from harness.results import paired_difference  # noqa: E402
+from tests.single_thread import single_thread  # noqa: F401,E402  (autouse)
+
+TINY = ["--set", "model.grid=8", "--set", "model.vocab=32", "--set", "model.dim=32", "--set", "model.n_layer=1"]
+COMMON = ["--model", "random", "--batch", "3", "--device", "cpu", *TINY]
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    """The printed Markdown table: method -> its cells."""
+    return {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:-1]] for line in out.splitlines()
+            if line.startswith("| ") and line.count("|") > 4 and "Method" not in line}
 
 
 def test_a_variant_names_a_decoder_and_its_overrides() -> None:
     assert parse_variant("tau0=mulo_sd:accept.tau=0.0,draft.window=8") == (
-        "tau0", "mulo_sd", ["decoder.mulo_sd.accept.tau=0.0", "decoder.mulo_sd.draft.window=8"])
+        "tau0", "mulo_sd", ["accept.tau=0.0", "draft.window=8"])
     assert parse_variant("zipar=zipar") == ("zipar", "zipar", [])
     for bad in ("zipar", "=zipar", "raster=raster", "x=mulo_sd:accept.tau"):
         with pytest.raises(ValueError, match="--variant"):
@@ -24,64 +34,69 @@ def test_a_variant_names_a_decoder_and_its_overrides() -> None:
     assert all(parse_variant(v)[1] in ("zipar", "mulo_sd") for v in X2_VARIANTS)
 
 
-def test_sweep_writes_verdicts_that_give_the_printed_rows(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    main(["--model", "random", "--prompts", "6", "--batch", "4", "--procs", "1", "--device", "cpu",
-          "--out", str(tmp_path), "--variant", "tau0=mulo_sd:accept.tau=0.0", "--variant", "z2=zipar:window=2"])
-    lines = capsys.readouterr().out.splitlines()
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
+def test_sweep_is_an_untimed_pipeline_run_whose_verdicts_give_the_printed_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = main([*COMMON, "--prompts", "6", "--out", str(tmp_path), "--variant", "tau0=mulo_sd:accept.tau=0.0",
+                    "--variant", "z2=zipar:window=2"])
+    rows = _rows(capsys.readouterr().out)
     assert list(rows) == ["raster", "tau0", "z2"]
-    raster = pd.read_csv(tmp_path / "raster.csv")
-    assert len(raster) == 6 and set(raster.columns) == {"sample_id", "tag", "correct", "reason"}
-    for name, fields in rows.items():
-        frame = pd.read_csv(tmp_path / f"{name}.csv")
+    assert "latency_s" not in set(summary.metric), "untimed"
+    raster = pd.read_csv(tmp_path / "per_sample" / "raster" / "geneval.csv")
+    assert len(raster) == 6 and {"sample_id", "tag", "correct", "reason"} <= set(raster.columns)
+    for name, cells in rows.items():
+        frame = pd.read_csv(tmp_path / "per_sample" / name / "geneval.csv")
         gap, se = paired_difference(frame, raster)
-        assert float(fields[3]) == pytest.approx(overall(frame), abs=1e-3)
-        assert float(fields[4]) == pytest.approx(gap, abs=1e-3) and float(fields[5]) == pytest.approx(se, abs=1e-3)
-    tokens = compose_config("random", []).model.grid ** 2  # raster: one target forward per token
-    assert float(rows["raster"][1]) == tokens
-    assert float(rows["tau0"][1]) < tokens and float(rows["tau0"][2]) > 0  # drafts accepted, drafter ran
+        overall = tag_accuracies(frame["tag"].tolist(), frame["correct"].tolist())["overall"]
+        assert float(cells[2]) == pytest.approx(overall, abs=1e-3)
+        assert cells[3] == f"{gap:.3f} ± {se:.3f}"
+        stats = pd.read_csv(tmp_path / "samples" / name / "stats.csv")
+        assert not stats.timed.any() and stats.batch_latency_s.isna().all()
+        assert float(cells[0]) == pytest.approx(stats.target_forwards.mean(), abs=0.05)
+    assert float(rows["raster"][0]) == 64  # raster: one target forward per token of the 8x8 grid
+    assert float(rows["tau0"][0]) < 64 and float(rows["tau0"][1]) > 0  # drafts accepted, drafter ran
 
 
-def test_set_overrides_the_config_of_every_row(capsys) -> None:  # type: ignore[no-untyped-def]
-    main(["--model", "random", "--prompts", "2", "--batch", "2", "--procs", "1", "--device", "cpu",
-          "--set", "model.grid=4", "--variant", "z1=zipar:window=1"])
-    lines = capsys.readouterr().out.splitlines()
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert "model.grid=4" in lines[0]
-    assert float(rows["raster"][1]) == 16  # a 4x4 grid, not the config's 8x8
-    assert float(rows["z1"][1]) == 4 + 3  # ZipAR window 1 on 4 rows of 4: (rows - 1) * window + cols
+def test_set_overrides_the_config_of_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main([*COMMON, "--prompts", "2", "--out", str(tmp_path / "a"), "--set", "model.grid=4",
+          "--variant", "z1=zipar:window=1", "--variant", "m=mulo_sd", "--set", "decoder.mulo_sd.accept.tau=0.0"])
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert "model.grid=4" in out.splitlines()[0]
+    assert float(rows["raster"][0]) == 16  # a 4x4 grid, not the config's 8x8
+    assert float(rows["z1"][0]) == 4 + 3  # ZipAR window 1 on 4 rows of 4: (rows - 1) * window + cols
+    assert '"tau": 0.0' in (tmp_path / "a" / "samples" / "m" / "binding.json").read_text()
     with pytest.raises(SystemExit):
-        main(["--model", "random", "--prompts", "2", "--procs", "1", "--set", "model.grid"])
+        main([*COMMON, "--prompts", "2", "--set", "model.grid"])
 
 
 def test_start_draws_the_images_of_a_longer_run(tmp_path: Path) -> None:
-    common = ["--model", "random", "--batch", "3", "--procs", "1", "--device", "cpu", "--variant", "z1=zipar:window=1"]
+    common = [*COMMON, "--variant", "z1=zipar:window=1"]
     main([*common, "--prompts", "5", "--out", str(tmp_path / "all")])
     main([*common, "--start", "3", "--prompts", "2", "--out", str(tmp_path / "tail")])
     for name in ("raster", "z1"):
-        whole, tail = pd.read_csv(tmp_path / "all" / f"{name}.csv"), pd.read_csv(tmp_path / "tail" / f"{name}.csv")
+        whole = pd.read_csv(tmp_path / "all" / "per_sample" / name / "geneval.csv")
+        tail = pd.read_csv(tmp_path / "tail" / "per_sample" / name / "geneval.csv")
         pd.testing.assert_frame_equal(tail, whole.iloc[3:].reset_index(drop=True))  # ids, verdicts, reasons
 
 
-def test_raster_from_reuses_a_stored_raster_row(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    common = ["--model", "random", "--batch", "3", "--procs", "1", "--device", "cpu", "--variant", "z1=zipar:window=1"]
-    main([*common, "--prompts", "4", "--out", str(tmp_path / "first")])
-    first = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
-    stored = tmp_path / "first" / "raster.csv"
-    main([*common, "--prompts", "4", "--raster-from", str(stored), "--out", str(tmp_path / "again")])
-    again = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
-    assert again["raster"][1] == "nan"  # not decoded: no forwards counted
-    assert again["raster"][3] == first["raster"][3] and again["z1"][3:6] == first["z1"][3:6]
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / "raster.csv"), pd.read_csv(stored))
-    with pytest.raises(ValueError, match="--raster-from .*holds 4 samples, this run draws 2"):
-        main([*common, "--start", "1", "--prompts", "2", "--raster-from", str(stored)])
-    with pytest.raises(FileNotFoundError, match="no such file"):
-        main([*common, "--prompts", "4", "--raster-from", str(tmp_path / "none.csv")])
+def test_samples_keeps_raster_between_runs_and_refuses_other_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = [*COMMON, "--prompts", "4", "--samples", str(tmp_path / "samples")]
+    main([*common, "--out", str(tmp_path / "first"), "--variant", "z1=zipar:window=1"])
+    first = _rows(capsys.readouterr().out)
+    raster = tmp_path / "samples" / "raster" / "records"
+    stamps = {p.name: p.stat().st_mtime_ns for p in raster.iterdir()}
+    main([*common, "--out", str(tmp_path / "again"), "--variant", "z2=zipar:window=2"])
+    again = _rows(capsys.readouterr().out)
+    assert {p.name: p.stat().st_mtime_ns for p in raster.iterdir()} == stamps, "raster was not decoded again"
+    assert again["raster"] == first["raster"]
+    from harness.samples import BindingMismatchError
+
+    with pytest.raises(BindingMismatchError, match="seed"):
+        main([*common, "--seed", "7", "--out", str(tmp_path / "other"), "--variant", "z1=zipar:window=1"])
 
 
 def test_an_unknown_decoder_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="no decoder 'nope'"):
-        main(["--model", "random", "--prompts", "2", "--procs", "1", "--device", "cpu", "--variant", "x=nope"])
+        main([*COMMON, "--prompts", "2", "--variant", "x=nope"])
 
 
 def test_failure_kinds_read_every_reason_the_rules_write() -> None:

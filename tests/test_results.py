@@ -125,3 +125,18 @@ def test_git_state_reports_commit_and_dirty_flag(tmp_path: Path) -> None:
     assert provenance.git_state(tmp_path) == {"commit": git("rev-parse", "HEAD"), "dirty": False}
     (tmp_path / "a.py").write_text("x = 2\n")
     assert provenance.git_state(tmp_path)["dirty"] is True
+
+
+def test_headline_has_at_most_eight_columns_with_errors() -> None:
+    rows = []
+    for decoder, value in (("raster", 1.0), ("mulo_sd", 3.0)):
+        for metric, stderr in (("target_forwards", 0.0), ("speedup_vs_raster", 0.2), ("geneval", 0.01),
+                               ("geneval_gap_vs_raster", 0.03), ("dpg_bench", 0.5), ("fid", 0.0),
+                               ("kid", 0.001), ("hpsv2", 0.1), ("latency_s", 0.1)):
+            rows.append({"model": "m", "decoder": decoder, "metric": metric, "subset": "all",
+                         "value": value, "stderr": stderr, "n": 4, "higher_is_better": True})
+    table = results.headline(pd.DataFrame(rows))
+    header = table.splitlines()[0]
+    assert header.count("|") - 1 == results.HEADLINE_COLUMNS
+    assert "latency_s" not in table and "HPSv2" not in header  # the eighth metric does not fit
+    assert "3.00 ± 0.20" in table and "target fwd" in header

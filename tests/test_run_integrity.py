@@ -1,5 +1,6 @@
 """Results that cannot lie: a SampleSet is bound to what made it, evaluation scores exactly the
 planned samples, a failing evaluator leaves the other rows, and the bindings of shard jobs agree."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,11 +36,15 @@ class CountingEvaluator:
 
     def evaluate(self, samples: SampleSet) -> EvalResult:
         records, stats = samples.records(), samples.stats()
-        return EvalResult(summary=metric_rows([
-            {"metric": "records", "value": len(records), "n": len(records)},
-            {"metric": "stats", "value": len(stats), "n": len(stats)},
-            {"metric": "prompts", "value": len(samples.prompts()), "n": len(records)},
-        ]))
+        return EvalResult(
+            summary=metric_rows(
+                [
+                    {"metric": "records", "value": len(records), "n": len(records)},
+                    {"metric": "stats", "value": len(stats), "n": len(stats)},
+                    {"metric": "prompts", "value": len(samples.prompts()), "n": len(records)},
+                ]
+            )
+        )
 
 
 def _cfg(overrides: list[str]) -> DictConfig:
@@ -49,8 +54,15 @@ def _cfg(overrides: list[str]) -> DictConfig:
 def test_evaluation_scores_only_the_planned_samples(tmp_path: Path) -> None:
     run(_cfg(["evaluator=[speed]", "stages=[generate]"]), tmp_path / "gen")  # 4 images
     samples = tmp_path / "gen" / "samples"
-    cfg = _cfg(["evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}", "dataset_limit=2",
-                "+evaluator.counting._target_=tests.test_run_integrity.CountingEvaluator"])
+    cfg = _cfg(
+        [
+            "evaluator=[speed]",
+            "stages=[evaluate]",
+            f"samples_dir={samples}",
+            "dataset_limit=2",
+            "+evaluator.counting._target_=tests.test_run_integrity.CountingEvaluator",
+        ]
+    )
     summary = run(cfg, tmp_path / "eval")
     counted = summary[summary.evaluator == "counting"].set_index("metric").value
     assert counted.to_dict() == {"records": 2, "stats": 2, "prompts": 2}
@@ -60,8 +72,13 @@ def test_evaluation_scores_only_the_planned_samples(tmp_path: Path) -> None:
 
 
 def test_a_failing_evaluator_leaves_the_other_rows(tmp_path: Path) -> None:
-    cfg = _cfg(["decoder=[raster,zipar]", "evaluator=[speed]",
-                "+evaluator.broken._target_=tests.test_run_integrity.Broken"])
+    cfg = _cfg(
+        [
+            "decoder=[raster,zipar]",
+            "evaluator=[speed]",
+            "+evaluator.broken._target_=tests.test_run_integrity.Broken",
+        ]
+    )
     with pytest.raises(EvaluationFailedError) as err:
         run(cfg, tmp_path / "run")
     assert "broken on raster" in str(err.value) and "broken on zipar" in str(err.value)
@@ -77,8 +94,26 @@ def test_a_failing_evaluator_leaves_the_other_rows(tmp_path: Path) -> None:
 def test_binding_names_what_makes_images_and_nothing_else() -> None:
     cpu = torch.device("cpu")
     base = sample_binding(_cfg([]), "raster", "w", cpu)
-    assert base == sample_binding(_cfg(["batch_size=1", "warmup_batches=3", "threads=1", "shard.count=2",
-                                        "dataset_limit=3", "name=other"]), "raster", "w", cpu)
+    assert base == sample_binding(
+        _cfg(
+            [
+                "batch_size=1",
+                "warmup_batches=3",
+                "threads=1",
+                "shard.count=2",
+                "dataset_limit=3",
+                "name=other",
+                "timing.reps=5",
+                "timing.order=sequential",
+                "timing.images=1",
+                "timing.batch_size=1",
+                "dataset_start=1",
+            ]
+        ),
+        "raster",
+        "w",
+        cpu,
+    )
     for change in (["seed=1"], ["sampling.temperature=0.5"], ["model.grid=16"]):
         assert sample_binding(_cfg(change), "raster", "w", cpu) != base, change
     assert sample_binding(_cfg([]), "raster", "other-weights", cpu) != base
@@ -87,11 +122,34 @@ def test_binding_names_what_makes_images_and_nothing_else() -> None:
 def test_shard_jobs_share_one_sample_set(tmp_path: Path) -> None:
     samples = tmp_path / "samples"
     for index in (0, 1):
-        run(_cfg(["evaluator=[speed]", "stages=[generate]", f"samples_dir={samples}", "shard.count=2",
-                  f"shard.index={index}"]), tmp_path / f"shard{index}")
-    summary = run(_cfg(["evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}"]), tmp_path / "eval")
+        run(
+            _cfg(
+                [
+                    "evaluator=[speed]",
+                    "stages=[generate]",
+                    f"samples_dir={samples}",
+                    "shard.count=2",
+                    f"shard.index={index}",
+                ]
+            ),
+            tmp_path / f"shard{index}",
+        )
+    summary = run(
+        _cfg(["evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}"]), tmp_path / "eval"
+    )
     assert int(summary[(summary.metric == "latency_s") & (summary.subset == "all")].n.iloc[0]) == 4
     # a shard job under another sampling may not join the set
     with pytest.raises(BindingMismatchError, match="sampling.top_k"):
-        run(_cfg(["evaluator=[speed]", "stages=[generate]", f"samples_dir={samples}", "shard.count=2",
-                  "shard.index=0", "sampling.top_k=3"]), tmp_path / "shard_bad")
+        run(
+            _cfg(
+                [
+                    "evaluator=[speed]",
+                    "stages=[generate]",
+                    f"samples_dir={samples}",
+                    "shard.count=2",
+                    "shard.index=0",
+                    "sampling.top_k=3",
+                ]
+            ),
+            tmp_path / "shard_bad",
+        )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.models.condition import TextCondition
-from harness.models.gpt import GPT, GPTConfig
+from harness.shapes.gpt import ShapesConfig, ShapesGPT
 from harness.shapes.captions import MAX_PHRASES, MAX_WORDS, PHRASES
 from harness.shapes.recipe import GPTS, SHIPPED, install, stage_order, weights_of
 from harness.shapes.train_gpt import CAPTION_TENSORS, batch, initialise_from, save_gpt, train_gpt
@@ -75,9 +75,9 @@ def test_a_caption_mix_outside_the_six_tags_is_refused(tags: tuple[str, ...]) ->
         batch(0, 0, 32, 2, tokenizer, 0.0, tags)
 
 
-def _save_tiny(path: Path) -> GPT:
+def _save_tiny(path: Path) -> ShapesGPT:
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
+    gpt = ShapesGPT(ShapesConfig(vocab_size=32, grid=(4, 4), dim=32, n_layer=1, n_head=4, prefix_len=3, caption_dim=16,
                         word_vocab=11, prefix_rope="zero")).eval()
     torch.nn.init.normal_(gpt.output.weight, std=0.2)
     save_gpt(gpt, path, {})
@@ -87,16 +87,16 @@ def _save_tiny(path: Path) -> GPT:
 @torch.inference_mode()
 def test_a_stage_may_grow_zero_slot_embeddings_and_nothing_else(tmp_path: Path) -> None:
     parent = _save_tiny(tmp_path / "parent.safetensors")
-    child = GPT(replace(parent.cfg, word_pos=True)).eval()
+    child = ShapesGPT(replace(parent.cfg, word_pos=True)).eval()
     initialise_from(child, tmp_path / "parent.safetensors")
     cond = TextCondition(null=torch.zeros(2, dtype=torch.bool), ids=torch.tensor([[1, 2, 3], [4, 5, 6]]))
     tokens = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
     # zero slot embeddings: the grown child computes exactly what its parent did
     torch.testing.assert_close(child.forward_train(cond, tokens), parent.forward_train(cond, tokens))
-    wider = GPT(replace(parent.cfg, cond_broadcast=True))
+    wider = ShapesGPT(replace(parent.cfg, cond_broadcast=True))
     with pytest.raises(ValueError, match="missing.*cond_broadcast"):
         initialise_from(wider, tmp_path / "parent.safetensors")
-    other = GPT(replace(parent.cfg, dim=64))
+    other = ShapesGPT(replace(parent.cfg, dim=64))
     with pytest.raises(ValueError, match="does not fit this GPT"):
         initialise_from(other, tmp_path / "parent.safetensors")
 
@@ -105,7 +105,7 @@ def test_a_stage_may_grow_zero_slot_embeddings_and_nothing_else(tmp_path: Path) 
 @torch.inference_mode()
 def test_a_stage_on_another_caption_encoding_inherits_all_but_the_caption_tensors(tmp_path: Path) -> None:
     parent = _save_tiny(tmp_path / "parent.safetensors")
-    child = GPT(replace(parent.cfg, prefix_len=2, word_vocab=7, word_pos=True)).eval()
+    child = ShapesGPT(replace(parent.cfg, prefix_len=2, word_vocab=7, word_pos=True)).eval()
     before = {k: v.clone() for k, v in child.state_dict().items()}
     initialise_from(child, tmp_path / "parent.safetensors")
     inherited = parent.state_dict()
@@ -116,7 +116,7 @@ def test_a_stage_on_another_caption_encoding_inherits_all_but_the_caption_tensor
             assert torch.equal(value, inherited[name]), name
     assert {n for n in CAPTION_TENSORS if n in child.state_dict()} == {
         "word_embeddings.weight", "word_pos", "cls_embedding.uncond_embedding"}
-    deeper = GPT(replace(parent.cfg, prefix_len=2, word_vocab=7, n_layer=2))
+    deeper = ShapesGPT(replace(parent.cfg, prefix_len=2, word_vocab=7, n_layer=2))
     with pytest.raises(ValueError, match="missing.*layers.1"):
         initialise_from(deeper, tmp_path / "parent.safetensors")
 

@@ -16,7 +16,7 @@ from evaluators.geneval_rules import GenEvalRules
 from harness.api import SamplingParams
 from harness.datasets.prompts import shapes
 from harness.run import guided
-from harness.models.gpt import GPT
+from harness.shapes.gpt import ShapesGPT
 from harness.shapes.bundle import load
 from harness.shapes.captions import ENCODINGS
 from harness.shapes.train_gpt import save_gpt
@@ -63,7 +63,7 @@ def test_models_reading_different_caption_encodings_are_refused(tmp_path: Path) 
     shutil.copytree(WEIGHTS_DIR, folder)
     shipped = load_gpt(folder / "drafter.safetensors")
     _, slots, vocab = [e for name, e in ENCODINGS.items() if e[1] != shipped.cfg.prefix_len][0]
-    other = GPT(replace(shipped.cfg, prefix_len=slots, word_vocab=vocab))
+    other = ShapesGPT(replace(shipped.cfg, prefix_len=slots, word_vocab=vocab))
     save_gpt(other, folder / "drafter.safetensors", {})
     manifest = read_manifest(folder)
     write_manifest(folder, list(manifest["files"]), {k: v for k, v in manifest.items() if k != "files"})

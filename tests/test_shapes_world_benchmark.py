@@ -1,5 +1,7 @@
-"""benchmarks/shapes_world.py's up-sampler table: the rejected shares are the pooled-threshold
-rule's (baselines/pooled.py) on the guided target, and every shipped up-sampler gets a row."""
+"""benchmarks/shapes_world.py: its raster rows are pipeline runs (the drafter's through a bundle whose
+target is the drafter), and its up-sampler table (benchmarks/shapes_drafts.py): the rejected shares
+are the pooled-threshold rule's (baselines/pooled.py) on the guided target, and every shipped
+up-sampler gets a row."""
 from __future__ import annotations
 
 import sys
@@ -8,8 +10,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.shapes_world import (POOL_K, POOL_TAU, UPSAMPLERS, guided_probs, raster_tokens,  # noqa: E402
-                                     rejected_shares, upsampler_rows)
+from benchmarks.shapes_drafts import (POOL_K, POOL_TAU, UPSAMPLERS, guided_probs, raster_tokens,  # noqa: E402
+                                      rejected_shares, upsampler_rows)
+from benchmarks.shapes_world import raster_rows  # noqa: E402
+from PIL import Image  # noqa: E402
 from harness.datasets.prompts import shapes  # noqa: E402
 from harness.shapes.bundle import load  # noqa: E402
 from tests.single_thread import single_thread  # noqa: F401,E402  (autouse)
@@ -56,3 +60,15 @@ def test_guided_probs_are_the_teacher_forced_distributions() -> None:
     assert plain.shape == reference.shape == (2, 256, bundle.target.codebook.shape[0])
     assert torch.allclose(plain, reference, atol=1e-4)
     assert not torch.allclose(guided_probs(bundle, prompts, tokens, 1.5), reference, atol=1e-2)
+
+
+def test_raster_rows_are_pipeline_runs_of_the_target_and_of_the_drafter(tmp_path: Path) -> None:
+    rows = raster_rows("x1", None, 6, 1.5, tmp_path)
+    assert list(rows) == ["target raster cfg=1.0", "target raster cfg=1.5", "drafter raster cfg=1.5"]
+    for scores in rows.values():
+        assert 0.0 <= scores["overall"] <= 1.0 and len(scores) == 7  # six tags (one prompt each) + overall
+    sizes = {folder: Image.open(next((tmp_path / folder / "samples" / "raster" / "images").glob("*.png"))).size
+             for folder in ("target_cfg1.0", "drafter")}
+    assert sizes == {"target_cfg1.0": (64, 64), "drafter": (32, 32)}
+    summary = (tmp_path / "drafter" / "summary.csv").read_text()
+    assert "shapes_drafter" in summary and "geneval" in summary

@@ -1,6 +1,7 @@
-"""The speculative loop (SJD, draft-model SD, LANTERN) on small random models: greedy exactness,
-losslessness of `exact` acceptance by Monte Carlo against the enumerated target distribution,
-LANTERN at delta = 0, per-image seeds at batch 1 vs 4, and the decode statistics."""
+"""The speculative loop (SJD, draft-model SD, the chain LANTERN `lantern_chain`) on small random
+models: greedy exactness, losslessness of `exact` acceptance by Monte Carlo against the enumerated
+target distribution, LANTERN's rule at delta = 0, per-image seeds at batch 1 vs 4 (also for the tree
+decoders eagle2 and lantern; tests/test_eagle.py has the rest of theirs), and the decode statistics."""
 from __future__ import annotations
 
 import itertools
@@ -144,7 +145,8 @@ def test_lantern_with_zero_delta_is_exact(bundle: ModelBundle) -> None:
     assert sum(s.accepted for s in relaxed.stats) > sum(s.accepted for s in exact.stats), "delta > 0 relaxes"
 
 
-@pytest.mark.parametrize("name", ["raster", "sjd", "sd", "lantern", "zipar", "zipar_w4"])
+@pytest.mark.parametrize("name", ["raster", "sjd", "sd", "lantern_chain", "eagle2", "lantern", "zipar",
+                                  "zipar_w4"])
 def test_batch_size_does_not_change_images(bundle: ModelBundle, name: str) -> None:
     overrides = [f"decoder=[{name}]", "model=random", "sampling.temperature=1.0", "sampling.top_k=20",
                  "sampling.top_p=0.9", "sampling.cfg_scale=2.0"]

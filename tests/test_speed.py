@@ -144,3 +144,48 @@ def test_evaluates_a_real_sample_set(tmp_path: Path) -> None:
     result = SpeedEvaluator().evaluate(samples)
     assert list(result.summary.columns) == list(METRIC_COLUMNS)
     pd.testing.assert_frame_equal(result.summary, speed_result(stats).summary)
+
+
+def test_untimed_rows_count_for_counters_not_for_timings() -> None:
+    """Rows of the untimed pass (timed=false, no latency; harness/generate.py) are images like any
+    other for the counters, and invisible to latency, throughput and memory."""
+    stats = _stats().assign(timed=[True, True, True, False, False],
+                            batch_latency_s=[2.0, 2.0, 5.0, None, None],
+                            peak_memory_bytes=[100e6, 100e6, 500e6, 900e6, 900e6])
+    summary = _summary(stats)
+    assert summary.loc["latency_s", "value"] == 2.0 and summary.loc["latency_s", "n"] == 3
+    assert summary.loc["throughput_img_s", "value"] == pytest.approx(3 / 7)
+    assert summary.loc["peak_memory_mb", "value"] == 500.0, "the timed batches' memory"
+    assert summary.loc["target_forwards", "n"] == 5
+    per_sample = SpeedEvaluator().evaluate(_FakeSamples(stats)).per_sample
+    assert per_sample["timed"].tolist() == [True, True, True, False, False]
+    assert per_sample["latency_s"].isna().tolist() == [False, False, False, True, True]
+
+
+def test_timing_noise_is_a_high_quantile_of_each_batchs_spread_and_steal() -> None:
+    stats = _stats().assign(
+        latency_reps_s=["2.0 2.0", "2.0 2.0", "5.0 5.5", "3.0 3.0", "3.0 3.0"],  # c: 10% spread
+        cpu_reps_s=["2.0 2.0", "2.0 2.0", "5.0 5.5", "1.5 3.0", "1.5 3.0"])  # d, e: half the first rep off the CPU
+    summary = _summary(stats)
+    noise = [0.0, 0.1, 0.5]  # batches r-0, r-1, r-2
+    assert summary.loc["timing_noise", "value"] == pytest.approx(np.quantile(noise, 0.9))
+    assert summary.loc["timing_noise", "n"] == 3 and not summary.loc["timing_noise", "higher_is_better"]
+    assert "timing_noise" not in _summary(_stats()).index, "no repetitions, no CPU times: no figure"
+
+
+def test_end_to_end_latency_adds_conditioning_and_tokens_to_pixels() -> None:
+    stats = _stats().assign(image_decode_s=[0.5, 0.5, 1.0, 0.4, 0.4])
+    summary = _summary(stats)
+    assert summary.loc["image_decode_s", "value"] == 0.5
+    assert summary.loc["end_to_end_s", "value"] == pytest.approx(2.7 + 1.0)  # median of 2.7, 2.7, 6.5, 3.7, 3.7
+
+
+def test_island_statistics_of_the_parallel_resampler() -> None:
+    stats = _stats().assign(verify_forwards=[1, 1, 2, 0, 0], resample_forwards=[3, 3, 4, 0, 0],
+                            islands=[2, 0, 4, 0, 0], resample_set=[10, 0, 20, 0, 0], island_size_max=[6, 0, 9, 0, 0])
+    summary = _summary(stats)
+    assert summary.loc["verify_forwards", "value"] == pytest.approx(0.8)
+    assert summary.loc["resample_forwards", "value"] == pytest.approx(2.0)
+    assert summary.loc["islands_per_step", "value"] == pytest.approx(6 / 4)
+    assert summary.loc["island_size", "value"] == pytest.approx(30 / 6)
+    assert summary.loc["island_size_max", "value"] == 9

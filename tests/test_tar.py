@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness.models.condition import TextCondition
+from harness.models.eagle_head import save_head
 from harness.models.gpt import GPT
 from harness.models.hub import WeightsError
 from harness.models.tar import ar_dtok_config, check_ar_args
@@ -57,6 +58,7 @@ def _save_official(bundle, cfg, folder: Path) -> None:
     args = {"bottleneck": {"name": "bottleneck", "args": bottleneck}, "decoder_depth": tatok.cfg.layers}
     torch.save({"model": {"args": args, "sd": sd}}, folder / cfg.model.tatok_file)
     torch.save({"model": bundle.target.tokenizer.state_dict()}, folder / cfg.model.vq_file)
+    save_head(bundle.eagle_head, folder / cfg.model.eagle_head_file, dtype=torch.float32)  # a trained head
 
 
 @torch.inference_mode()
@@ -65,7 +67,7 @@ def test_tiny_official_files_reload_strictly_through_the_loader(tmp_path: Path) 
     _save_official(random, cfg, tmp_path)
     _, loaded = _tiny(["model.random_init=false", f"model.local_dir={tmp_path}", "model.seed=7"])
     for a, b in [(random.target, loaded.target), (random.drafter, loaded.drafter),
-                 (random.small_drafter, loaded.small_drafter),
+                 (random.small_drafter, loaded.small_drafter), (random.eagle_head, loaded.eagle_head),
                  (random.conditioner.tatok, loaded.conditioner.tatok)]:
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

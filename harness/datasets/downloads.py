@@ -35,6 +35,10 @@ class DownloadError(InputError, RuntimeError):
     """A pinned file could not be downloaded; the message names the URL and the offline fix."""
 
 
+class MissingFileError(InputError, FileNotFoundError):
+    """A local benchmark file named in the config does not exist."""
+
+
 class ChecksumError(InputError, ValueError):
     """A file does not have its pinned hash; the message names the file and both hashes."""
 
@@ -138,7 +142,7 @@ def resolve(pinned: Pinned, local: str | Path | None, check: bool = True) -> Pat
         return fetch(pinned)
     path = Path(local).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{pinned.what or pinned.name}: {path} does not exist. Give the path of {pinned.name} "
             f"(from {pinned.url}), or leave the path unset to download it."
         )

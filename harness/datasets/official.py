@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from harness.api import Prompt
+from harness.api import ConfigValueError, Prompt
 from harness.datasets.prompts import PromptFileError, select
 from harness.datasets.downloads import Pinned, cache_root, fetch, resolve
 from harness.samples import write_atomic
@@ -76,7 +76,7 @@ def coco5k(captions: str | None = None, caption_rule: str = "longest", seed: int
     "coco5k/<image_id>"; meta holds image_id, file_name, annotation_id, caption_rule.
     """
     if caption_rule not in CAPTION_RULES:
-        raise ValueError(f"coco5k caption_rule must be one of {CAPTION_RULES}, got {caption_rule!r}")
+        raise ConfigValueError(f"dataset.caption_rule must be one of {CAPTION_RULES}, got {caption_rule!r}")
     path = resolve(COCO_CAPTIONS, captions, check=verify)
     data = _read_json(path)
     files = {img["id"]: img["file_name"] for img in data.get("images", [])}

@@ -8,22 +8,32 @@ Sequence layout (cache slots): `prefix_len` condition slots, then one slot per i
 image raster position i lives in slot `prefix_len + i`. The output at slot s predicts the token of
 the next slot, so the last prefix slot predicts image position 0.
 
-Official-checkpoint options (defaults keep the original behaviour): `prefix_rope="zero"` gives the
-prefix slots LlamaGen's all-zero rotary table (their queries and keys are zeroed, as in LlamaGen's
-`precompute_freqs_cis_2d`); `cond_embed="linear"` is Tar AR-DTok's `clip_proj` (a biased linear
-map; unconditional rows are zero features); `pos_embed="abs_pe"` is Tar AR-DTok's learned absolute
-table `abs_pe` [1, L, dim]; `prefill(cond, prefix_mask)` applies LlamaGen's caption padding mask
-(a padded prefix slot is seen only by itself) to every later forward.
+Official-checkpoint options: `prefix_rope="zero"` gives the prefix slots LlamaGen's all-zero rotary
+table (their queries and keys vanish, as in `precompute_freqs_cis_2d`); `cond_embed="linear"` is Tar
+AR-DTok's `clip_proj` (a biased linear map; unconditional rows are zero features); `pos_embed=
+"abs_pe"` is Tar AR-DTok's learned absolute table `abs_pe` [1, L, dim]; `prefill(cond, prefix_mask)`
+applies LlamaGen's caption padding mask (a padded prefix slot is seen only by itself) to every later
+forward. The shapes world's GPT (word-id captions and more) extends this one: harness/shapes/gpt.py.
+
+Draft trees (EAGLE-2, baselines/tree_decoding.py): `setup_cache(..., scratch=m)` adds m scratch slots
+after the `slots` of the sequence, `forward_cached(..., slots=)` writes a forward's keys/values to
+given cache slots while its positions (rotary or absolute) stay the image positions, so that tree
+nodes of one depth share a position and each has a slot of its own, and `move_cache` copies the
+entries of an accepted path to their positions' slots. Every forward keeps the last hidden states
+after the final norm of the positions it computed in `last_hidden` (the features an EAGLE head
+reads; no extra forward).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.models.condition import TextCondition
+from harness.models.masks import attention_mask, hide
+from harness.models.transformer import KVCache, RMSNorm, TransformerBlock, rope_2d_table
 
 
 @dataclass(frozen=True)
@@ -40,44 +50,24 @@ class GPTConfig:
     ffn_dim_multiplier: float | None = None
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
-    pos_embed: str = "rope2d"  # "rope2d" (LlamaGen), "learned" ([S, dim]) or "abs_pe" (Tar AR-DTok)
+    pos_embed: str = "rope2d"  # "rope2d" (LlamaGen) | "abs_pe" (Tar AR-DTok)
     pos_embed_len: int | None = None  # rows of `abs_pe` (None: prefix_len + n_tokens - 1, as Tar)
     prefix_rope: str = "identity"  # rotary table of the prefix slots: "identity" | "zero" (LlamaGen)
-    # Fraction of each head's dimension pairs that rotate (LlamaGen: all). The other pairs carry no
-    # position for any slot, so with prefix_rope "zero" an image query can still pick caption slots
-    # by content there (with all pairs zeroed it sees the caption as one uniform average).
-    rope_fraction: float = 1.0
     cond_embed: str = "caption_mlp"  # "caption_mlp" (LlamaGen cls_embedding) | "linear" (Tar clip_proj)
     prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
     caption_dim: int = 64  # width of the condition features fed to cls_embedding
-    word_vocab: int = 0  # > 0: the model owns a word embedding (captions given as word ids)
-    # True (with word_vocab): a learned embedding per caption slot [prefix_len, caption_dim] is added
-    # to the word embeddings. Word ids carry no order by themselves (a real text encoder's features
-    # do), and with prefix_rope "zero" "a red circle and a blue square" and "a blue circle and a red
-    # square" are the same bag of words. Zero at initialisation.
-    word_pos: bool = False
-    # True: the whole caption, flattened and projected to one vector [dim], is also added to every
-    # image token's input embedding, so each position reads the caption without attention (the
-    # shapes world's models; official checkpoints condition through the prefix only).
-    cond_broadcast: bool = False
     dropout: float = 0.0
     cond_dropout: float = 0.1  # probability of the unconditional embedding in training (CFG)
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "pos_embed": ("rope2d", "abs_pe"), "prefix_rope": ("identity", "zero"),
+        "cond_embed": ("caption_mlp", "linear")}
 
     def __post_init__(self) -> None:
-        if self.pos_embed not in ("rope2d", "learned", "abs_pe"):
-            raise ValueError(f"pos_embed must be 'rope2d', 'learned' or 'abs_pe', got {self.pos_embed!r}")
-        if self.prefix_rope not in ("identity", "zero"):
-            raise ValueError(f"prefix_rope must be 'identity' or 'zero', got {self.prefix_rope!r}")
-        if self.cond_embed not in ("caption_mlp", "linear"):
-            raise ValueError(f"cond_embed must be 'caption_mlp' or 'linear', got {self.cond_embed!r}")
-        if self.word_pos and self.word_vocab <= 0:
-            raise ValueError("word_pos needs word-id captions (word_vocab > 0)")
+        for key, options in self.OPTIONS.items():
+            if getattr(self, key) not in options:
+                raise ValueError(f"{key} must be one of {options}, got {getattr(self, key)!r}")
         if self.dim % self.n_head:
             raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
-        rotary = self.head_dim // 2 * self.rope_fraction
-        if not 0 < self.rope_fraction <= 1 or rotary != int(rotary) or int(rotary) % 2:
-            raise ValueError(f"rope_fraction {self.rope_fraction} must be in (0, 1] and rotate an even number "
-                             f"of the {self.head_dim // 2} dimension pairs of a head")
 
     @property
     def n_tokens(self) -> int:
@@ -86,22 +76,6 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_head
-
-
-def _find_multiple(n: int, k: int) -> int:
-    return n if n % k == 0 else n + k - n % k
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
 
 
 class MLP(nn.Module):
@@ -118,8 +92,8 @@ class MLP(nn.Module):
 
 
 class CaptionEmbedder(nn.Module):
-    """Condition features [B, P, caption_dim] -> prefix embeddings [B, P, dim]; rows flagged null
-    use the learned unconditional embedding instead (classifier-free guidance)."""
+    """LlamaGen's cls_embedding: condition features [B, P, caption_dim] -> prefix embeddings
+    [B, P, dim]; rows flagged null take the learned unconditional embedding (`with_null`)."""
 
     def __init__(self, caption_dim: int, dim: int, prefix_len: int) -> None:
         super().__init__()
@@ -127,190 +101,76 @@ class CaptionEmbedder(nn.Module):
         self.register_buffer("uncond_embedding", torch.randn(prefix_len, caption_dim) / caption_dim**0.5)
 
     def with_null(self, features: Tensor, null: Tensor) -> Tensor:
-        """features [B, P, caption_dim] with the rows flagged in null [B] replaced by the
-        unconditional embedding."""
+        """features [B, P, caption_dim], null [B] -> features with null rows replaced."""
         return torch.where(null[:, None, None], self.uncond_embedding.to(features.dtype), features)
 
     def forward(self, features: Tensor) -> Tensor:
-        """Features (null rows already replaced, `with_null`) -> prefix embeddings [B, P, dim]."""
         return self.cap_proj(features)
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        hidden = int(2 * 4 * cfg.dim / 3)
-        if cfg.ffn_dim_multiplier is not None:
-            hidden = int(cfg.ffn_dim_multiplier * hidden)
-        hidden = _find_multiple(hidden, cfg.multiple_of)
-        self.w1 = nn.Linear(cfg.dim, hidden, bias=False)
-        self.w3 = nn.Linear(cfg.dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, cfg.dim, bias=False)
-        self.ffn_dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
-
-
-def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len: int,
-                  prefix: str = "identity", fraction: float = 1.0) -> Tensor:
-    """Rotation table [prefix_len + rows*cols, head_dim/2, 2] (cos, sin). Of the first
-    `fraction` of the dimension pairs, half encode the row and half the column (LlamaGen's layout
-    when fraction = 1); the remaining pairs never rotate. Prefix slots get no rotation
-    (`prefix="identity"`) or LlamaGen's zero table on the rotating pairs (`prefix="zero"`: those
-    parts of prefix queries/keys vanish)."""
-    pairs = head_dim // 2
-    half = int(pairs * fraction)
-    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # [half/2]
-    rows = torch.outer(torch.arange(grid[0]).float(), freqs)  # [R, half/2]
-    cols = torch.outer(torch.arange(grid[1]).float(), freqs)  # [C, half/2]
-    angles = torch.cat(
-        [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
-    ).flatten(0, 1)  # [R*C, half]
-    angles = torch.cat([angles, torch.zeros(angles.shape[0], pairs - half)], dim=-1)  # [R*C, pairs]
-    table = torch.stack([angles.cos(), angles.sin()], dim=-1)
-    cos0 = torch.ones(prefix_len, pairs)
-    if prefix == "zero":
-        cos0[:, :half] = 0.0
-    return torch.cat([torch.stack([cos0, torch.zeros(prefix_len, pairs)], dim=-1), table])
-
-
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """x [B, T, H, hd], table [B, T, hd/2, 2] -> x rotated pairwise (x0, x1) by (cos, sin)."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
-    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1)
-    return out.flatten(3).type_as(x)
-
-
-class KVCache(nn.Module):
-    """Static cache [B, H_kv, S, hd]; `write` puts keys/values at per-row slots [B, T]."""
-
-    def __init__(self, batch: int, n_kv_head: int, slots: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        super().__init__()
-        shape = (batch, n_kv_head, slots, head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-
-    def write(self, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """slots [B, T]; k, v [B, H_kv, T, hd]. Returns the full caches (views, not copies)."""
-        rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(slots)
-        # Index the slot axis through a transposed view so each batch row writes its own slots.
-        self.k_cache.transpose(1, 2)[rows, slots] = k.transpose(1, 2).to(self.k_cache.dtype)
-        self.v_cache.transpose(1, 2)[rows, slots] = v.transpose(1, 2).to(self.v_cache.dtype)
-        return self.k_cache, self.v_cache
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.n_kv_head = cfg.n_kv_head or cfg.n_head
-        self.head_dim = cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.kv_cache: KVCache | None = None
-
-    def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, slots: Tensor | None) -> Tensor:
-        """x [B, T, dim]; rope [B, T, hd/2, 2] or None; mask [B, 1, T, S] bool or None (causal,
-        no cache); slots [B, T] cache slots to write, or None (training: no cache)."""
-        b, t, _ = x.shape
-        kv = self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
-        q = q.view(b, t, self.n_head, self.head_dim)
-        k = k.view(b, t, self.n_kv_head, self.head_dim)
-        v = v.view(b, t, self.n_kv_head, self.head_dim)
-        if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if slots is not None:
-            if self.kv_cache is None:
-                raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
-            k, v = self.kv_cache.write(slots, k, v)
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        if self.n_kv_head != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(b, t, -1)))
-
-
-class TransformerBlock(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-
-    def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, slots: Tensor | None) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask, slots)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
 class GPT(nn.Module):
-    """Text-conditioned AR transformer over image tokens (training and cached inference)."""
+    """Text-conditioned AR transformer over image tokens (training and cached inference).
+    Subclasses may read other captions (`_build_inputs`, `_features`) and add a condition to every
+    image token (`_token_bias`)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        if cfg.word_vocab > 0:
-            self.word_embeddings = nn.Embedding(cfg.word_vocab, cfg.caption_dim)
-        if cfg.word_pos:
-            self.word_pos = nn.Parameter(torch.zeros(cfg.prefix_len, cfg.caption_dim))
+        self._build_inputs(cfg)
+        self.tok_dropout = nn.Dropout(cfg.dropout)
+        if cfg.pos_embed == "abs_pe":
+            self.abs_pe = nn.Parameter(torch.zeros(1, cfg.pos_embed_len or self.slots - 1, cfg.dim))
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope)
+        self.register_buffer("rope_table", table, persistent=False)
+        self.prefix_keep: Tensor | None = None  # [B, P] bool caption padding mask of the cached rows
+        self.token_bias: Tensor | None = None  # [B, 1, dim] `_token_bias` of the cached rows
+        self.scratch = 0  # cache slots after `slots` (draft-tree nodes; setup_cache)
+        self.last_hidden: Tensor | None = None  # [B, T, dim] after the final norm, last forward
+        for m in self.modules():  # LlamaGen's init: N(0, 0.02) weights, a zero output head
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+        nn.init.zeros_(self.output.weight)
+
+    def _build_inputs(self, cfg: GPTConfig) -> None:
+        """The condition embedder (cls_embedding, or Tar's clip_proj) and the token embedding."""
         if cfg.cond_embed == "linear":
             self.clip_proj = nn.Linear(cfg.caption_dim, cfg.dim)
         else:
             self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.prefix_len)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        if cfg.cond_broadcast:
-            self.cond_broadcast = nn.Linear(cfg.prefix_len * cfg.caption_dim, cfg.dim)
-        self.tok_dropout = nn.Dropout(cfg.dropout)
-        if cfg.pos_embed == "learned":
-            self.pos_embedding = nn.Parameter(torch.zeros(cfg.prefix_len + cfg.n_tokens, cfg.dim))
-        elif cfg.pos_embed == "abs_pe":
-            rows = cfg.pos_embed_len or cfg.prefix_len + cfg.n_tokens - 1
-            self.abs_pe = nn.Parameter(torch.zeros(1, rows, cfg.dim))
-        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope,
-                              cfg.rope_fraction)
-        self.register_buffer("rope_table", table, persistent=False)
-        self.prefix_keep: Tensor | None = None  # [B, P] bool caption padding mask of the cached rows
-        self.cond_bias: Tensor | None = None  # [B, 1, dim] broadcast condition of the cached rows
-        self._init_weights()
 
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-        nn.init.zeros_(self.output.weight)
-
-    # ---------------------------------------------------------------- embeddings
     @property
     def slots(self) -> int:
         return self.cfg.prefix_len + self.cfg.n_tokens
 
+    @property
+    def cache_slots(self) -> int:
+        """Slots of the KV cache: the sequence's `slots` plus the `scratch` slots."""
+        return self.slots + self.scratch
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ---------------------------------------------------------------- embeddings
+    def _features(self, cond: TextCondition) -> Tensor:
+        """Condition -> caption features [B, P, caption_dim]."""
+        if cond.features is None:
+            raise ValueError("this GPT reads caption features; word-id captions need a ShapesGPT")
+        return cond.features
+
     def _condition_features(self, cond: TextCondition) -> Tensor:
-        """Condition -> features [B, P, caption_dim] (null rows: zeros, or the learned
+        """Condition -> features [B, P, caption_dim] with null rows replaced (zeros, or the learned
         unconditional embedding of the caption MLP)."""
         given = (cond.features if cond.ids is None else cond.ids).shape[1]
         if given != self.cfg.prefix_len:
             raise ValueError(f"condition has {given} tokens, the model expects {self.cfg.prefix_len}")
-        feats = cond.features if cond.ids is None else self._words(cond.ids)
+        feats = self._features(cond)
         if self.cfg.cond_embed == "linear":
             return torch.where(cond.null[:, None, None], torch.zeros_like(feats), feats)
         return self.cls_embedding.with_null(feats, cond.null)
-
-    def _words(self, ids: Tensor) -> Tensor:
-        """Word ids [B, P] -> features [B, P, caption_dim] (+ the slot embedding with word_pos)."""
-        feats = self.word_embeddings(ids)
-        return feats + self.word_pos if self.cfg.word_pos else feats
 
     def prefix_embeddings(self, cond: TextCondition) -> Tensor:
         """Condition -> prefix embeddings [B, P, dim]."""
@@ -321,11 +181,10 @@ class GPT(nn.Module):
             return self.clip_proj(feats.to(self.clip_proj.weight.dtype))
         return self.cls_embedding(feats)
 
-    def _broadcast(self, feats: Tensor) -> Tensor | None:
-        """features [B, P, caption_dim] -> the per-image-token condition [B, 1, dim], or None."""
-        if not self.cfg.cond_broadcast:
-            return None
-        return self.cond_broadcast(feats.flatten(1).to(self.cond_broadcast.weight.dtype))[:, None]
+    def _token_bias(self, feats: Tensor) -> Tensor | None:
+        """features [B, P, caption_dim] -> a condition [B, 1, dim] added to every image token's
+        embedding, or None (official models condition through the prefix only)."""
+        return None
 
     def _embed_tokens(self, tokens: Tensor, bias: Tensor | None) -> Tensor:
         x = self.tok_embeddings(tokens)
@@ -333,55 +192,65 @@ class GPT(nn.Module):
 
     def _positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
         """Add absolute embeddings or return the rotary table for slots [B, T]."""
-        if self.cfg.pos_embed == "learned":
-            return h + self.pos_embedding[slots].to(h.dtype), None
         if self.cfg.pos_embed == "abs_pe":
             # Tar's table has no row for the last image slot (never an input there); its output
             # would predict a position past the grid, so any row serves it.
             return h + self.abs_pe[0, slots.clamp(max=self.abs_pe.shape[1] - 1)].to(h.dtype), None
         return h, self.rope_table[slots]
 
-    def _head(self, h: Tensor) -> Tensor:
-        return self.output(self.norm(h)).float()
+    def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The position code of sequence slots [B, T] (prefix_len + image position): `h` [B, T, dim]
+        plus the absolute embedding (abs_pe / learned tables), and the rotary table [B, T, hd/2, 2]
+        (rope2d) or None. An EAGLE head borrows its target's (harness/models/eagle_head.py)."""
+        return self._positional(h, slots)
+
+    def _layers(self, h: Tensor, slots: Tensor, mask: Tensor | None, cache: bool,
+                write: Tensor | None = None) -> Tensor:
+        """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] (None: causal, no cache) -> logits
+        [B, T, V]; with `cache`, keys/values go to cache slots `write` [B, T] (default: `slots`).
+        Keeps the hidden states after the final norm in `last_hidden`."""
+        h, rope = self._positional(h, slots)
+        mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]: every head
+        write = slots if write is None else write
+        for layer in self.layers:
+            h = layer(h, rope, mask, write if cache else None)
+        self.last_hidden = self.norm(h)
+        return self.output(self.last_hidden).float()
+
+    def _mask_prefix(self, mask: Tensor, slots: Tensor, keep: Tensor) -> Tensor:
+        """mask [B, T, S], query slots [B, T], keep [B, P] -> mask with padded prefix columns
+        hidden from every query but the slot itself."""
+        pad = torch.zeros(keep.shape[0], mask.shape[-1] - keep.shape[1], dtype=torch.bool, device=keep.device)
+        return hide(mask, slots, torch.cat([~keep, pad], 1))  # hidden [B, S]: the padded prefix
 
     # ---------------------------------------------------------------- training
     def forward_train(self, cond: TextCondition, tokens: Tensor, prefix_mask: Tensor | None = None,
-                      hidden: Tensor | None = None) -> Tensor:
+                      mask: Tensor | None = None) -> Tensor:
         """Teacher forcing. tokens [B, N] -> logits [B, N, V] where logits[:, i] predicts tokens[:, i].
-        prefix_mask [B, P] bool (True = real caption token) or None; hidden [B, N, N] bool or None:
-        hidden[b, i, j] hides token j from the prediction of token i (on top of the causal mask;
-        harness/shapes/parallel_masks.py)."""
-        b, n = tokens.shape
+        prefix_mask [B, P] bool (True = real caption token) or None; mask [B, T, T] bool over the
+        T = P + N - 1 input slots (True = attend) or None: slot-causal."""
         feats = self._condition_features(cond)
-        x = torch.cat([self._prefix(feats), self._embed_tokens(tokens[:, :-1], self._broadcast(feats))], dim=1)
-        slots = torch.arange(x.shape[1], device=x.device).expand(b, -1)
-        mask = None
-        if prefix_mask is not None or hidden is not None:
-            mask = slots[:, :, None] >= torch.arange(x.shape[1], device=x.device)  # [B, T, T]
-        if hidden is not None:
-            if hidden.shape != (b, n, n):
-                raise ValueError(f"hidden must have shape {(b, n, n)}, got {tuple(hidden.shape)}")
-            p = self.cfg.prefix_len
-            # the query predicting token i sits on slot p - 1 + i; token j sits on slot p + j
-            mask[:, p - 1:, p:] &= ~hidden[:, :, :n - 1].to(x.device)
+        images = self._embed_tokens(tokens[:, :-1], self._token_bias(feats))
+        x = torch.cat([self._prefix(feats), images], dim=1)  # [B, T = P + N - 1, dim]
+        slots = torch.arange(x.shape[1], device=x.device).expand(tokens.shape[0], -1)
         if prefix_mask is not None:
+            mask = attention_mask(slots, x.shape[1]) if mask is None else mask
             mask = self._mask_prefix(mask, slots, prefix_mask.to(x.device))
-        if mask is not None:
-            mask = mask.unsqueeze(1)
-        h, rope = self._positional(self.tok_dropout(x), slots)
-        for layer in self.layers:
-            h = layer(h, rope, mask, None)
-        return self._head(h[:, self.cfg.prefix_len - 1:])
+        return self._layers(self.tok_dropout(x), slots, mask, cache=False)[:, self.cfg.prefix_len - 1:]
 
     # ---------------------------------------------------------------- cached inference
-    def setup_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> None:
-        """Allocate a zeroed static cache for `batch_size` rows and all `slots`."""
-        p = self.output.weight
+    def setup_cache(self, batch_size: int, dtype: torch.dtype | None = None, scratch: int = 0) -> None:
+        """Allocate a zeroed static cache for `batch_size` rows, all `slots` and `scratch` more
+        slots after them (draft-tree nodes: `forward_cached(..., slots=)`)."""
+        if int(scratch) != scratch or scratch < 0:
+            raise ValueError(f"scratch slots must be an integer >= 0, got {scratch!r}")
+        w = self.output.weight
+        self.scratch = int(scratch)
         for layer in self.layers:
             att = layer.attention
-            att.kv_cache = KVCache(batch_size, att.n_kv_head, self.slots, att.head_dim, dtype or p.dtype, p.device)
-        self.prefix_keep = None
-        self.cond_bias = None
+            att.kv_cache = KVCache(batch_size, att.n_kv_head, self.cache_slots, att.head_dim,
+                                   dtype or w.dtype, w.device)
+        self.prefix_keep = self.token_bias = self.last_hidden = None
 
     def prefill(self, cond: TextCondition, prefix_mask: Tensor | None = None) -> Tensor:
         """Write the prefix into slots [0, P); return logits [B, V] for image position 0.
@@ -390,49 +259,45 @@ class GPT(nn.Module):
         only by itself (LlamaGen's `emb_masks`)."""
         feats = self._condition_features(cond)
         x = self._prefix(feats)
-        self.cond_bias = self._broadcast(feats)
-        b, p = x.shape[:2]
+        self.token_bias = self._token_bias(feats)
         self.prefix_keep = None if prefix_mask is None else prefix_mask.to(x.device, torch.bool)
-        slots = torch.arange(p, device=x.device).expand(b, -1)
-        mask = slots[:, :, None] >= torch.arange(self.slots, device=x.device)
-        return self._run(x, slots, mask.unsqueeze(1))[:, -1]
+        slots = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        return self._cached(x, slots, attention_mask(slots, self.cache_slots))[:, -1]
 
-    def _mask_prefix(self, mask: Tensor, slots: Tensor, keep: Tensor) -> Tensor:
-        """mask [B, T, S], query slots [B, T], keep [B, P] -> mask with padded prefix columns
-        hidden from every query but the slot itself."""
-        p = keep.shape[1]
-        own = slots[:, :, None] == torch.arange(p, device=mask.device)
-        prefix = mask[:, :, :p] & (keep[:, None, :] | own)
-        return torch.cat([prefix, mask[:, :, p:]], dim=-1)
-
-    def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
-        """tokens [B, T] at image positions [T] or [B, T]; mask [B, T, S] bool (True = attend) or
-        None for slot-causal attention. Returns logits [B, T, V] for positions + 1."""
+    def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
+                       slots: Tensor | None = None) -> Tensor:
+        """tokens [B, T] at image positions [T] or [B, T]; mask [B, T, S] bool (True = attend; S =
+        `cache_slots`) or None for slot-causal attention; slots [B, T] cache slots to write (None:
+        each position's own, prefix_len + position; scratch slots >= `slots` hold draft-tree nodes,
+        which keep their positions' rotary/absolute code). Returns logits [B, T, V] for positions + 1."""
         b, t = tokens.shape
-        if positions.dim() == 1:
-            positions = positions.expand(b, -1)
-        slots = positions.to(tokens.device) + self.cfg.prefix_len
+        seq = positions.to(tokens.device).expand(b, -1) + self.cfg.prefix_len
+        write = seq if slots is None else slots.to(tokens.device).expand(b, -1)
         if mask is None:
-            mask = slots[:, :, None] >= torch.arange(self.slots, device=tokens.device)
-        elif mask.shape != (b, t, self.slots):
-            raise ValueError(f"mask must have shape {(b, t, self.slots)}, got {tuple(mask.shape)}")
-        return self._run(self._embed_tokens(tokens, self.cond_bias), slots, mask.unsqueeze(1))
+            mask = attention_mask(write, self.cache_slots)
+        elif mask.shape != (b, t, self.cache_slots):
+            raise ValueError(f"mask must have shape {(b, t, self.cache_slots)}, got {tuple(mask.shape)}")
+        return self._cached(self._embed_tokens(tokens, self.token_bias), seq, mask, write)
 
-    def _run(self, x: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
-        """x [B, T, dim], slots [B, T], mask [B, 1, T, S] -> logits [B, T, V]."""
+    def _cached(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor | None = None) -> Tensor:
+        """x [B, T, dim] at sequence slots [B, T] written to cache slots `write` [B, T] (default:
+        `slots`), mask [B, T, S] -> logits [B, T, V]."""
+        write = slots if write is None else write
         if self.prefix_keep is not None:
-            mask = self._mask_prefix(mask[:, 0], slots, self.prefix_keep).unsqueeze(1)
-        h, rope = self._positional(x, slots)
-        for layer in self.layers:
-            h = layer(h, rope, mask, slots)
-        return self._head(h)
+            mask = self._mask_prefix(mask, write, self.prefix_keep)
+        return self._layers(x, slots, mask, cache=True, write=write)
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+    def move_cache(self, src: Tensor, dst: Tensor) -> None:
+        """Copy every layer's cached keys/values of slots src [B, A] to slots dst [B, A], row by row
+        (an accepted draft-tree path to its positions' slots). Keys are stored after rotation, and a
+        tree node was rotated by its position, so the copy is what re-encoding the path would write."""
+        for layer in self.layers:
+            cache = layer.attention.kv_cache
+            if cache is None:
+                raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
+            cache.move(src, dst)
 
 
 def causal_mask(positions: Tensor, prefix_len: int, slots: int) -> Tensor:
-    """The default mask as an explicit tensor: positions [B, T] -> [B, T, S] bool."""
-    q = positions + prefix_len
-    return q[:, :, None] >= torch.arange(slots, device=positions.device)
-
+    """The default mask as an explicit tensor: image positions [B, T] -> [B, T, S] bool."""
+    return attention_mask(positions + prefix_len, slots)

@@ -6,50 +6,60 @@ import torch
 from torch import Tensor
 
 from harness.api import ARImageModel, Condition
+from harness.models.wrapper import ModelWrapper, forwarded
 
 
-class Guided:
-    """Wraps an ARImageModel; exposes the same contract at the caller's batch size."""
+class Guided(ModelWrapper):
+    """Wraps an ARImageModel; exposes the same contract at the caller's batch size.
+
+    For draft trees and EAGLE heads (harness/models/image_model.py) it also doubles `slots` and
+    `move_cache`'s rows, reports `hidden` in the model's rows [2B, T, dim] (conditional rows, then
+    unconditional ones: an EAGLE head runs on both, as LANTERN's does), and mixes the logits of
+    `head_logits` like the target's (`guide`)."""
+
+    hidden = forwarded("model.hidden")
+    positional = forwarded("model.positional")
 
     def __init__(self, model: ARImageModel, scale: float) -> None:
         if scale < 0:
             raise ValueError(f"cfg scale must be >= 0, got {scale}")
-        self.model = model
+        super().__init__(model)
         self.scale = float(scale)
-        self.grid = model.grid
-        self.vocab_size = model.vocab_size
 
-    @property
-    def codebook(self) -> Tensor:
-        return self.model.codebook
-
-    @property
-    def cache_len(self) -> int:
-        return self.model.cache_len
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device  # type: ignore[attr-defined]
-
-    def setup_cache(self, batch_size: int) -> None:
-        self.model.setup_cache(2 * batch_size)
+    def setup_cache(self, batch_size: int, scratch: int = 0) -> None:
+        if scratch:
+            self.model.setup_cache(2 * batch_size, scratch=scratch)  # type: ignore[call-arg]
+        else:
+            self.model.setup_cache(2 * batch_size)
 
     def _mix(self, logits: Tensor) -> Tensor:
         """logits [2B, ...] -> [B, ...]: u + s * (c - u)."""
         cond, uncond = logits.chunk(2, dim=0)
         return uncond + self.scale * (cond - uncond)
 
+    guide = _mix
+
+    @staticmethod
+    def model_rows(x: Tensor) -> Tensor:
+        """Caller rows [B, ...] -> model rows [2B, ...] (the same values for both halves)."""
+        return torch.cat([x, x])
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Features h [2B, T, dim] -> mixed logits [B, T, V] through the model's output layer."""
+        return self._mix(self.model.head_logits(h))  # type: ignore[attr-defined]
+
     def prefill(self, cond: Condition) -> Tensor:
         return self._mix(self.model.prefill(cond.with_null()))
 
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
+                slots: Tensor | None = None) -> Tensor:
         tokens2 = torch.cat([tokens, tokens])
         pos2 = positions if positions.dim() == 1 else torch.cat([positions, positions])
         mask2 = None if mask is None else torch.cat([mask, mask])
-        return self._mix(self.model.forward(tokens2, pos2, mask2))
+        if slots is None:
+            return self._mix(self.model.forward(tokens2, pos2, mask2))
+        slots2 = slots if slots.dim() == 1 else torch.cat([slots, slots])
+        return self._mix(self.model.forward(tokens2, pos2, mask2, slots=slots2))  # type: ignore[call-arg]
 
-    def decode(self, tokens: Tensor) -> Tensor:
-        return self.model.decode(tokens)
-
-    def encode(self, images: Tensor) -> Tensor:
-        return self.model.encode(images)
+    def move_cache(self, src: Tensor, dst: Tensor) -> None:
+        self.model.move_cache(torch.cat([src, src]), torch.cat([dst, dst]))  # type: ignore[attr-defined]

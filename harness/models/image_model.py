@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT
+from harness.models.wrapper import forwarded
 
 
 class ImageTokenizer(Protocol):
@@ -24,7 +25,23 @@ class ImageTokenizer(Protocol):
 class TokenImageModel(nn.Module):
     """ARImageModel over `gpt.cfg.grid` tokens; images are produced by `tokenizer`.
 
-    The KV cache lives in the GPT; `forward` is the cached forward of the contract."""
+    The KV cache lives in the GPT; `forward` is the cached forward of the contract.
+
+    Draft trees and EAGLE heads (baselines/tree_decoding.py, baselines/eagle.py) read a little more:
+    `setup_cache(batch, scratch)`, `forward(..., slots=)` and `move_cache` (see GPT), `hidden` (the
+    last forward's hidden states after the final norm, in the rows the model ran), `model_rows` /
+    `guide` (the identity here; harness/models/guidance.py doubles and mixes the rows), `positional`
+    and `head_logits` (the GPT's position code and output layer), `raw_codebook` (the tokenizer's
+    code vectors before any normalisation) and `eagle_head`: the EAGLE head trained on this
+    model's features (harness/models/eagle_head.py), or None. The head is a submodule, so it moves
+    and casts with the model."""
+
+    device = forwarded("gpt.output.weight.device")
+    codebook = forwarded("tokenizer.codebook")
+    cache_len = forwarded("gpt.slots")
+    prefix_len = forwarded("gpt.cfg.prefix_len")
+    hidden = forwarded("gpt.last_hidden")
+    positional = forwarded("gpt.positional")
 
     def __init__(self, gpt: GPT, tokenizer: ImageTokenizer, image_size: int | None = None) -> None:
         super().__init__()
@@ -33,35 +50,49 @@ class TokenImageModel(nn.Module):
         self.grid = gpt.cfg.grid
         self.vocab_size = gpt.cfg.vocab_size
         self.image_size = image_size
+        self.eagle_head: nn.Module | None = None
 
     @property
-    def device(self) -> torch.device:
-        return self.gpt.output.weight.device
-
-    @property
-    def codebook(self) -> Tensor:
-        return self.tokenizer.codebook
-
-    @property
-    def cache_len(self) -> int:
-        return self.gpt.slots
-
-    @property
-    def prefix_len(self) -> int:
-        return self.gpt.cfg.prefix_len
+    def raw_codebook(self) -> Tensor:
+        """[V, D] code vectors as the tokenizer stores them (LlamaGen's VQ-16 and the shapes
+        tokenizer match l2-normalised codes, `codebook`; LANTERN's neighbour table reads these)."""
+        raw = getattr(self.tokenizer, "raw_codebook", None)
+        return self.tokenizer.codebook if raw is None else raw
 
     @torch.inference_mode()
-    def setup_cache(self, batch_size: int) -> None:
-        self.gpt.setup_cache(batch_size)
+    def setup_cache(self, batch_size: int, scratch: int = 0) -> None:
+        self.gpt.setup_cache(batch_size, scratch=scratch)
+
+    @staticmethod
+    def model_rows(x: Tensor) -> Tensor:
+        """Caller rows [B, ...] -> the rows the GPT runs (the same rows: no guidance)."""
+        return x
+
+    @staticmethod
+    def guide(logits: Tensor) -> Tensor:
+        """Logits in model rows -> caller rows (the identity: no guidance)."""
+        return logits
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Features h [R, T, dim] in model rows -> float logits [B, T, V] in caller rows, through the
+        GPT's output layer (an EAGLE head shares it)."""
+        return self.guide(self.gpt.output(h.to(self.gpt.output.weight.dtype)).float())
+
+    @torch.inference_mode()
+    def move_cache(self, src: Tensor, dst: Tensor) -> None:
+        """Copy cache slots src [B, A] to dst [B, A] (GPT.move_cache)."""
+        self.gpt.move_cache(src.to(self.device), dst.to(self.device))
 
     @torch.inference_mode()
     def prefill(self, cond: TextCondition) -> Tensor:
         return self.gpt.prefill(cond.to(self.device))
 
     @torch.inference_mode()
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,  # type: ignore[override]
+                slots: Tensor | None = None) -> Tensor:
         return self.gpt.forward_cached(tokens.to(self.device), positions.to(self.device),
-                                       None if mask is None else mask.to(self.device))
+                                       None if mask is None else mask.to(self.device),
+                                       None if slots is None else slots.to(self.device))
 
     @torch.inference_mode()
     def decode(self, tokens: Tensor) -> Tensor:

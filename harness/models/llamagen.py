@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from harness.api import ModelBundle
+from harness.models.eagle_head import build_head
 from harness.models.gpt import GPT, GPTConfig
 from harness.models.hub import dtype_of, load_file_into, resolve
 from harness.models.official_model import OfficialImageModel
@@ -84,11 +85,14 @@ def build(name: str = "llamagen", repo_id: str = REPO_ID, target_file: str = "t2
           dtype: str = "bf16", vq_dtype: str = "fp32", device: str | None = None, trust_pickle: bool = False,
           random_init: bool = False, seed: int = 0, text_encoder: CaptionEncoder | None = None,
           left_padding: bool = True, small_drafter_file: str | None = None,
-          small_arch: dict[str, Any] | None = None) -> ModelBundle:
+          small_arch: dict[str, Any] | None = None, eagle_head_file: str | None = None,
+          eagle_head_config: str | None = None, eagle_head_repo: str | None = None) -> ModelBundle:
     """Target at `target_size` px, drafter (same family) at `drafter_size` px (None/null file: no
     drafter), optional small drafter at the target's size (`small_arch` overrides `arch`; LlamaGen
-    releases none), one VQ-16 and one caption conditioner. `random_init` builds seeded random
-    weights in the official layout instead of reading files (tiny test stacks)."""
+    releases none), the target's EAGLE head (`eagle_head_file`, with `eagle_head_config` for
+    LANTERN's release, from `eagle_head_repo`: harness/models/eagle_head.build_head; null: none),
+    one VQ-16 and one caption conditioner. `random_init` builds seeded random weights in the
+    official layout instead of reading files (tiny test stacks; a named head is random too)."""
     if text_encoder is None:
         raise ValueError("model.text_encoder is required "
                          "(FlanT5Encoder for the real model, TinyTextEncoder in tests)")
@@ -106,9 +110,15 @@ def build(name: str = "llamagen", repo_id: str = REPO_ID, target_file: str = "t2
                        f"LlamaGen GPT ({size} px)")
         return OfficialImageModel(gpt, tok, image_size=size)
 
+    target = model(target_file, target_size, 1, arch)
+    if eagle_head_file:
+        head = build_head(target.gpt.cfg, target.gpt.tok_embeddings.weight, file=eagle_head_file,
+                          config_file=eagle_head_config, repo_id=eagle_head_repo, local_dir=local_dir,
+                          cache_dir=cache_dir, random=random_init, seed=seed + 4, trust_pickle=trust_pickle)
+        target.eagle_head = head.to(dtype_of(dtype))
     bundle = ModelBundle(
         name=name,
-        target=model(target_file, target_size, 1, arch),
+        target=target,
         drafter=model(drafter_file, drafter_size, 2, arch) if drafter_file else None,
         small_drafter=(model(small_drafter_file, target_size, 3, {**arch, **(small_arch or {})})
                        if small_drafter_file else None),

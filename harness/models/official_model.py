@@ -10,6 +10,7 @@ from torch import Tensor
 
 from harness.models.condition import TextCondition
 from harness.models.image_model import TokenImageModel
+from harness.models.wrapper import forwarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +38,7 @@ class PaddedCondition:
 class OfficialImageModel(TokenImageModel):
     """ARImageModel over an official-layout GPT; accepts `TextCondition` or `PaddedCondition`."""
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.gpt.output.weight.dtype
+    dtype = forwarded("gpt.output.weight.dtype")
 
     @torch.inference_mode()
     def prefill(self, cond: TextCondition | PaddedCondition) -> Tensor:  # type: ignore[override]

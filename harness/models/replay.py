@@ -13,13 +13,14 @@ import torch
 from torch import Tensor
 
 from harness.api import ARImageModel, Condition
+from harness.models.wrapper import ModelWrapper
 
 # The logit of every non-reference token: exp(-1e4) underflows to 0 in float32, and the value stays
 # finite so that temperature, top-k/top-p and guidance mixing never meet inf - inf.
 OFF = -1e4
 
 
-class ReplayModel:
+class ReplayModel(ModelWrapper):
     """Wraps `model`; `forward`/`prefill` return one-hot logits on `reference` [B, rows*cols].
 
     Args:
@@ -28,9 +29,7 @@ class ReplayModel:
     """
 
     def __init__(self, model: ARImageModel, reference: Tensor | None = None) -> None:
-        self.model = model
-        self.grid = tuple(model.grid)
-        self.vocab_size = int(model.vocab_size)
+        super().__init__(model)
         self.reference: Tensor | None = None
         if reference is not None:
             self.replay(reference)
@@ -49,18 +48,6 @@ class ReplayModel:
                              f"got [{int(reference.min())}, {int(reference.max())}]")
         self.reference = reference.long()
         return self
-
-    @property
-    def codebook(self) -> Tensor:
-        return self.model.codebook
-
-    @property
-    def cache_len(self) -> int:
-        return self.model.cache_len
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device  # type: ignore[attr-defined]
 
     def setup_cache(self, batch_size: int) -> None:
         """No cache to keep; checks that the reference has one row per image."""
@@ -87,9 +74,3 @@ class ReplayModel:
         after = (positions + 1).clamp(max=self.n_tokens - 1).to(self.reference.device)
         after = after.expand(b, -1) if after.dim() == 1 else after
         return self._one_hot(self.reference.gather(1, after).to(self.device))
-
-    def decode(self, tokens: Tensor) -> Tensor:
-        return self.model.decode(tokens)
-
-    def encode(self, images: Tensor) -> Tensor:
-        return self.model.encode(images)

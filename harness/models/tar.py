@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from harness.api import ModelBundle
+from harness.models.eagle_head import build_head
 from harness.models.gpt import GPT, GPTConfig
 from harness.models.hub import WeightsError, dtype_of, load_strict, read_checkpoint, resolve, state_dict_of
 from harness.models.llamagen import load_vq, randomise_head, vq_config
@@ -115,11 +116,14 @@ def build(name: str = "tar", tatok_repo: str = TATOK_REPO, target_file: str = "a
           dtype: str = "bf16", vq_dtype: str = "fp32",
           device: str | None = None, trust_pickle: bool = False, random_init: bool = False, seed: int = 0,
           llm: CodeGenerator | None = None, small_drafter_file: str | None = None,
-          small_arch: dict[str, Any] | None = None) -> ModelBundle:
+          small_arch: dict[str, Any] | None = None, eagle_head_file: str | None = None,
+          eagle_head_config: str | None = None, eagle_head_repo: str | None = None) -> ModelBundle:
     """AR-DTok target at `target_size` px and drafter at `drafter_size` px (null file: none), an
     optional small drafter at the target's size (`small_arch` overrides `arch`; Tar releases none),
-    one VQ-16, and the conditioner (LLM stage `llm` + TA-Tok code embedding). `random_init`: seeded
-    random weights in the official layout, no files (tiny test stacks)."""
+    an EAGLE head for the target (`eagle_head_file`: one trained by python -m baselines.train_eagle;
+    Tar releases none), one VQ-16, and the conditioner (LLM stage `llm` + TA-Tok code embedding).
+    `random_init`: seeded random weights in the official layout, no files (tiny test stacks; a named
+    head is random too)."""
     if llm is None:
         raise ValueError("model.llm is required (TarLLM for the real model, TinyCodeLM in tests)")
     arch, vcfg = dict(arch or {}), vq_config(vq)
@@ -142,7 +146,13 @@ def build(name: str = "tar", tatok_repo: str = TATOK_REPO, target_file: str = "a
         return OfficialImageModel(gpt, tok, image_size=size)
 
     small = {**arch, **(small_arch or {})}
-    bundle = ModelBundle(name=name, target=model(target_file, target_size, 1, arch),
+    target = model(target_file, target_size, 1, arch)
+    if eagle_head_file:
+        head = build_head(target.gpt.cfg, target.gpt.tok_embeddings.weight, file=eagle_head_file,
+                          config_file=eagle_head_config, repo_id=eagle_head_repo, local_dir=local_dir,
+                          cache_dir=cache_dir, random=random_init, seed=seed + 5, trust_pickle=trust_pickle)
+        target.eagle_head = head.to(dtype_of(dtype))
+    bundle = ModelBundle(name=name, target=target,
                          drafter=model(drafter_file, drafter_size, 2, arch) if drafter_file else None,
                          small_drafter=(model(small_drafter_file, target_size, 4, small)
                                         if small_drafter_file else None),

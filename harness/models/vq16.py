@@ -235,6 +235,12 @@ class VQModel(nn.Module):
         return self.quantize.codes.float()
 
     @property
+    def raw_codebook(self) -> Tensor:
+        """[V, D] the stored code vectors before normalisation (float32): LANTERN builds its
+        neighbour table from these (entrypoints/generate_codebook.py)."""
+        return self.quantize.embedding.weight.float()
+
+    @property
     def _dtype(self) -> torch.dtype:
         return self.quant_conv.weight.dtype
 

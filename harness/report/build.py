@@ -24,6 +24,8 @@ class Cell:
     ours: float | None = None
     paper: float | None = None
     stderr: float | None = None
+    ci_low: float | None = None  # our value's confidence interval (speed-ups: harness/run.py)
+    ci_high: float | None = None
     n: int | None = None
     run_dir: str | None = None
     derived_from: str | None = None
@@ -124,6 +126,7 @@ def _cell(cells: pd.DataFrame, swept: list[str], key: tuple, metric: str, paper:
     if match.any():
         row = cells[match].iloc[0]
         found = {"ours": _number(row["value"]), "stderr": _number(row["stderr"]), "n": _count(row["n"]),
+                 "ci_low": _number(row.get("ci_low")), "ci_high": _number(row.get("ci_high")),
                  "run_dir": str(row["run_dir"]), "derived_from": _clean(row.get(DERIVED_FROM))}
     if not fact.empty:
         found.update(paper=float(fact["value"].iloc[0]), source=str(fact["source"].iloc[0]))

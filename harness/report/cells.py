@@ -10,9 +10,10 @@ import logging
 import math
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 
-from harness.api import METRIC_COLUMNS
+from harness.api import INTERVAL_COLUMNS, METRIC_COLUMNS
 from harness.report.specs import MetricSpec
 
 log = logging.getLogger(__name__)
@@ -20,9 +21,9 @@ log = logging.getLogger(__name__)
 RUN_COLUMNS = ("experiment", "model", "decoder", "dataset", "evaluator", "evaluator_version")
 SPEEDUP_METRIC = "speedup_vs_raster"
 DERIVED_FROM = "speedup_raster_run"  # column of derived speed-up rows: the raster run they divide
-NOT_SWEPT = frozenset({*RUN_COLUMNS, *METRIC_COLUMNS, "run_dir", DERIVED_FROM})
+NOT_SWEPT = frozenset({*RUN_COLUMNS, *METRIC_COLUMNS, *INTERVAL_COLUMNS, "run_dir", DERIVED_FROM})
 ROW_KEYS = ("model", "decoder")
-CELL_COLUMNS = ("key", "value", "stderr", "n", "run_dir", DERIVED_FROM)
+CELL_COLUMNS = ("key", "value", "stderr", *INTERVAL_COLUMNS, "n", "run_dir", DERIVED_FROM)
 
 
 def swept_columns(frame: pd.DataFrame) -> list[str]:
@@ -65,8 +66,9 @@ def select_cells(frame: pd.DataFrame, experiments: Sequence[str],
                  metrics: Sequence[MetricSpec]) -> tuple[pd.DataFrame, list[str]]:
     """Return (cells, swept) for the rows of `experiments`.
 
-    cells: one row per (model, decoder, *swept, key) with the value and stderr in the shown unit
-        (times MetricSpec.scale), n, run_dir and DERIVED_FROM; swept values are NaN where unset.
+    cells: one row per (model, decoder, *swept, key) with the value, stderr and confidence interval
+        (ci_low, ci_high; NaN where the results have none) in the shown unit (times
+        MetricSpec.scale), n, run_dir and DERIVED_FROM; swept values are NaN where unset.
     swept: the swept-key columns used by these experiments.
 
     Raises:
@@ -86,6 +88,8 @@ def select_cells(frame: pd.DataFrame, experiments: Sequence[str],
             "key": spec.key,
             "value": pd.to_numeric(chosen["value"], errors="coerce").to_numpy() * spec.scale,
             "stderr": pd.to_numeric(chosen["stderr"], errors="coerce").to_numpy() * spec.scale,
+            **{c: (pd.to_numeric(chosen[c], errors="coerce").to_numpy() * spec.scale if c in chosen
+                   else np.full(len(chosen), np.nan)) for c in INTERVAL_COLUMNS},
             "n": chosen["n"].to_numpy(),
             "run_dir": chosen["run_dir"].to_numpy(),
             DERIVED_FROM: chosen[DERIVED_FROM].to_numpy() if DERIVED_FROM in chosen else None,

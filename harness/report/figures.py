@@ -44,6 +44,7 @@ class Point:
     series: str | None = None
     tau: float | None = None
     paper: bool = False
+    speedup_ci: tuple[float, float] | None = None  # the speed-up's 95% interval: a horizontal error bar
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,9 @@ def _plot_points(axis: object, points: Sequence[Point]) -> None:
     series = sorted({p.series for p in points if p.series is not None})
     for name in series:
         curve = sorted((p for p in points if p.series == name), key=lambda p: (p.tau is None, p.tau))
-        axis.plot([p.speedup for p in curve], [p.quality for p in curve], "o-", label=name)
+        line = axis.plot([p.speedup for p in curve], [p.quality for p in curve], "o-", label=name)[0]
+        for p in curve:
+            _error_bar(axis, p, line.get_color())
         for p in curve:
             if p.tau is not None:
                 axis.annotate(f"τ={p.tau:g}", (p.speedup, p.quality), fontsize=7,
@@ -102,6 +105,16 @@ def _plot_points(axis: object, points: Sequence[Point]) -> None:
             style = {"facecolors": "none", "edgecolors": color} if p.paper else {"color": color}
             axis.scatter([p.speedup], [p.quality], marker=_MARKERS[at % len(_MARKERS)], label=p.label,
                          zorder=3, **style)
+            _error_bar(axis, p, color)
+
+
+def _error_bar(axis: object, point: Point, color: str) -> None:
+    """The speed-up's confidence interval as a horizontal bar through the point (when it has one)."""
+    if point.speedup_ci is not None:
+        low, high = point.speedup_ci
+        xerr = [[point.speedup - low], [high - point.speedup]]
+        axis.errorbar([point.speedup], [point.quality], xerr=xerr, fmt="none", ecolor=color,  # type: ignore[attr-defined]
+                      alpha=0.6, capsize=2)
 
 
 def _method(point: Point) -> str:

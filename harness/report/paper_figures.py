@@ -73,7 +73,9 @@ def _points(rows: list[Row], table: Table, facts: pd.DataFrame, model: str,
             others = [(c, v) for i, (c, v) in enumerate(zip(table.swept, row.swept)) if i != tau_at and v is not None]
             name = " ".join([row.method_label, *(f"{swept_label(c)}={v:g}" if isinstance(v, float) else
                                                  f"{swept_label(c)}={v}" for c, v in others)]) + sources[id(row)]
-            points.append(Point(label=name, speedup=speed, quality=quality,
+            cell = row.cells["speedup"]
+            interval = (cell.ci_low, cell.ci_high) if cell.ci_low is not None and cell.ci_high is not None else None
+            points.append(Point(label=name, speedup=speed, quality=quality, speedup_ci=interval,
                                 series=name if tau is not None else None, tau=None if tau is None else float(tau)))
         paper = facts[(facts["model"] == model) & (facts["table"] == "main")]
         for method, group in paper.groupby("method", sort=False):

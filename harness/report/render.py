@@ -19,14 +19,34 @@ LATEX_MISSING = "--"
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                   "×": r"$\times$", "τ": r"$\tau$", "δ": r"$\delta$", "Δ": r"$\Delta$", "↑": r"$\uparrow$",
-                  "↓": r"$\downarrow$", "—": "--", "§": r"\S{}", "≈": r"$\approx$"}
+                  "↓": r"$\downarrow$", "—": "--", "§": r"\S{}", "≈": r"$\approx$", "±": r"$\pm$"}
 LEGEND = f"{MISSING}: not covered by the results (ours) or not reported (paper)."
 DELTA_LEGEND = "Δ = ours - paper, in the paper's units."
+INTERVAL_LEGEND = ("[low, high]: 95% confidence interval of our value (speed-ups: bootstrap over the timed "
+                   "images and their repetitions, paired with raster; docs/methodology.md).")
 
 
 def format_value(value: float | None, metric: MetricSpec, missing: str = MISSING) -> str:
     """`value` with the metric's decimals and suffix; `missing` for None."""
     return missing if value is None else f"{value:.{metric.decimals}f}{metric.suffix}"
+
+
+def format_ours(cell: Cell, metric: MetricSpec, missing: str = MISSING) -> str:
+    """Our value as `format_value`, followed by its confidence interval "[low, high]" when the
+    results give one (speed-ups), or by "± stderr" for metrics shown with their error."""
+    text = format_value(cell.ours, metric, missing)
+    if cell.ours is None:
+        return text
+    if cell.ci_low is not None and cell.ci_high is not None:
+        return f"{text} [{cell.ci_low:.{metric.decimals}f}, {cell.ci_high:.{metric.decimals}f}]"
+    if metric.error and cell.stderr is not None:
+        return f"{text} ± {cell.stderr:.{metric.decimals}f}"
+    return text
+
+
+def has_intervals(table: Table) -> bool:
+    """True when some cell of `table` shows a confidence interval."""
+    return any(c.ours is not None and c.ci_low is not None for r in table.rows for c in r.cells.values())
 
 
 def format_delta(value: float | None, metric: MetricSpec, missing: str = MISSING) -> str:
@@ -65,7 +85,7 @@ def value_cells(table: Table, row: Row, missing: str = MISSING) -> list[str]:
     out: list[str] = []
     for metric in table.metrics:
         cell = row.cells[metric.key]
-        out.append(format_value(cell.ours, metric, missing))
+        out.append(format_ours(cell, metric, missing))
         if table.with_paper:
             out += [format_value(cell.paper, metric, missing), format_delta(shown_delta(cell, metric), metric, missing)]
     return out
@@ -75,6 +95,8 @@ def notes(table: Table) -> list[str]:
     """Lines printed under the table: the paper's conclusion, the legend, derived speed-ups."""
     lines = [table.spec.note] if table.spec.note else []
     lines.append(LEGEND + (" " + DELTA_LEGEND if table.with_paper else ""))
+    if has_intervals(table):
+        lines.append(INTERVAL_LEGEND)
     if any(c.derived_from for r in table.rows for c in r.cells.values()):
         lines.append("Some speed-ups divide by the raster latency of another run of the same experiment "
                      "(column speedup_raster_run of the sources CSV).")
@@ -160,7 +182,8 @@ def to_html(table: Table) -> str:
 
 def to_csv(table: Table) -> str:
     """The paper's layout as CSV: key columns, then per metric ours [, paper, delta]; full precision,
-    empty where uncovered."""
+    empty where uncovered; `<metric>_ci_low` / `_ci_high` beside metrics with confidence intervals."""
+    with_ci = {m.key for m in table.metrics if any(r.cells[m.key].ci_low is not None for r in table.rows)}
     records = []
     for row in table.rows:
         record: dict[str, Any] = {"model": row.model, "decoder": row.decoder, "model_label": row.model_label,
@@ -168,6 +191,8 @@ def to_csv(table: Table) -> str:
         for metric in table.metrics:
             cell = row.cells[metric.key]
             record[metric.key] = cell.ours
+            if metric.key in with_ci:
+                record[f"{metric.key}_ci_low"], record[f"{metric.key}_ci_high"] = cell.ci_low, cell.ci_high
             if table.with_paper:
                 record[f"{metric.key}_paper"], record[f"{metric.key}_delta"] = cell.paper, cell.delta
         records.append(record)
@@ -178,7 +203,8 @@ def to_sources_csv(table: Table) -> str:
     """One line per (row, metric): every shown value with the run or paper row it comes from."""
     records = [{"table": table.spec.name, "model": row.model, "decoder": row.decoder,
                 **dict(zip(table.swept, row.swept)), "metric": metric.key, "ours": cell.ours,
-                "ours_stderr": cell.stderr, "n": cell.n, "paper": cell.paper, "delta": cell.delta,
+                "ours_stderr": cell.stderr, "ours_ci_low": cell.ci_low, "ours_ci_high": cell.ci_high,
+                "n": cell.n, "paper": cell.paper, "delta": cell.delta,
                 "run_dir": cell.run_dir, "speedup_raster_run": cell.derived_from, "paper_source": cell.source}
                for row in table.rows for metric in table.metrics for cell in [row.cells[metric.key]]]
     return _csv(records)
@@ -190,7 +216,7 @@ def _html_cells(cell: Cell, metric: MetricSpec, with_paper: bool) -> list[str]:
         css = "missing" if text == MISSING else css
         return f'<td class="{css}">{html.escape(text)}</td>' if css else f"<td>{html.escape(text)}</td>"
 
-    out = [td(format_value(cell.ours, metric))]
+    out = [td(format_ours(cell, metric))]
     if with_paper:
         delta = shown_delta(cell, metric)
         rounded = None if delta is None else round(delta, metric.decimals)
@@ -234,5 +260,5 @@ Renderer = Callable[[Table], str]
 FORMATS: dict[str, tuple[str, Renderer]] = {"md": (".md", to_markdown), "tex": (".tex", to_latex),
                                             "csv": (".csv", to_csv), "sources": ("_sources.csv", to_sources_csv)}
 
-__all__ = ["FORMATS", "format_delta", "format_value", "latex_escape", "to_csv", "to_html", "to_latex",
-           "to_markdown", "to_sources_csv"]
+__all__ = ["FORMATS", "format_delta", "format_ours", "format_value", "has_intervals", "latex_escape", "to_csv",
+           "to_html", "to_latex", "to_markdown", "to_sources_csv"]

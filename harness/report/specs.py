@@ -19,6 +19,7 @@ class MetricSpec:
     key: column id, also the `metric` of the paper's facts (harness/data/paper_numbers.csv).
     metric, subset: where the value is in the results (summary.csv `metric`, `subset`).
     scale: factor from the harness's unit to the shown unit (GenEval fraction -> percent).
+    error: show the value's standard error ("value ± stderr") where the results give one.
     """
 
     key: str
@@ -29,6 +30,7 @@ class MetricSpec:
     decimals: int = 1
     higher_is_better: bool = True
     suffix: str = ""
+    error: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ METHOD_LABELS = {
     "sjd": "SJD",
     "sd": "Draft-model SD",
     "lantern": "LANTERN",
+    "lantern_chain": "LANTERN (small-GPT chain)",
     "zipar": "ZipAR",
     "zipar_w4": "ZipAR (window 4)",
     "mulo_sd": "MuLo-SD",

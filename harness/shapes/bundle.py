@@ -1,7 +1,7 @@
 """`model=shapes`: the shipped, trained shapes-world bundle (target 16x16, drafter 8x8, optional
-small drafter at 16x16), one tokenizer and the caption grammar's conditioner. `model=shapes_x2`:
-the x2 world (target 32x32 at 128 px, drafter 16x16 at 64 px trained on from the x1 target, small
-drafter 32x32)."""
+small drafter at 16x16, the target's EAGLE head), one tokenizer and the caption grammar's
+conditioner. `model=shapes_x2`: the x2 world (target 32x32 at 128 px, drafter 16x16 at 64 px trained
+on from the x1 target, small drafter 32x32, EAGLE head)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,18 +11,22 @@ from pathlib import Path
 
 from harness.api import ModelBundle
 from harness.models.conditioners import WordIdConditioner
+from harness.models.eagle_head import check_compatible, load_trained
 from harness.models.image_model import TokenImageModel
 from harness.shapes.captions import ENCODINGS, encoding_of
 from harness.shapes.vq import load_tokenizer
 from harness.shapes.weights import WORLDS, WeightsError, load_gpt, read_manifest, verified
 
 log = logging.getLogger(__name__)
+HEAD_FILE = "eagle_head.safetensors"
 
 
 def load(weights_dir: str | Path | None = None, drafter: bool = True, small_drafter: bool = True,
-         world: str = "x1") -> ModelBundle:
+         world: str = "x1", eagle_head: bool = True) -> ModelBundle:
     """Load the bundle from `weights_dir` (default: the weights of `world` shipped in the package,
-    "x1" or "x2"), checking every file's sha256 against the manifest."""
+    "x1" or "x2"), checking every file's sha256 against the manifest. `eagle_head`: attach the
+    target's EAGLE head (eagle_head.safetensors, trained by python -m baselines.train_eagle) when
+    the folder has one."""
     if world not in WORLDS:
         raise ValueError(f"shapes world must be one of {sorted(WORLDS)}, got {world!r}")
     folder = Path(weights_dir) if weights_dir else WORLDS[world]
@@ -36,8 +40,14 @@ def load(weights_dir: str | Path | None = None, drafter: bool = True, small_draf
         encodings[role] = encoding_of(gpt.cfg.prefix_len, gpt.cfg.word_vocab)
         return TokenImageModel(gpt, tokenizer, image_size=gpt.cfg.grid[0] * 4)
 
+    target = model("target")
+    if eagle_head and HEAD_FILE in files:
+        path = verified(HEAD_FILE, folder)
+        head = load_trained(path)
+        check_compatible(head.cfg, target.gpt.cfg, str(path))
+        target.eagle_head = head
     bundle = dict(
-        target=model("target"),
+        target=target,
         drafter=model("drafter") if drafter and "drafter.safetensors" in files else None,
         small_drafter=model("small_drafter") if small_drafter and "small_drafter.safetensors" in files else None,
     )

@@ -15,9 +15,9 @@ step ahead; for the first `window` positions of the island's second row these ma
 token of the first row than the resampler does (checked on a 3 x 4 island, window 2). The rule
 is restated here rather than imported, since the harness does not depend on baselines/.
 
-Index convention (GPT.forward_train): the query predicting token i sits on the slot of token
-i - 1, so `hidden[i, j]` hides token j from the prediction of token i. A query always sees its own
-slot (token i - 1): the residual stream carries it whatever the mask says.
+Index convention (ShapesGPT.forward_train, harness/shapes/gpt.py): the query predicting token i
+sits on the slot of token i - 1, so `hidden[i, j]` hides token j from the prediction of token i. A
+query always sees its own slot (token i - 1): the residual stream carries it whatever the mask says.
 """
 from __future__ import annotations
 

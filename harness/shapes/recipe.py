@@ -18,6 +18,10 @@ CPU cores), the drafter at 64 px about 71 min on 2 CPU cores:
 Every stage checkpoints and resumes; rerunning the command after an interruption continues
 where it stopped. Stages already finished (their .safetensors exists) are skipped.
 
+With `--install`, the last stage trains the installed target's EAGLE head (EAGLE-2 and LANTERN,
+docs/eagle.md) with `python -m baselines.train_eagle` in a subprocess (the harness does not import
+baselines/) and lists it in the manifest: EAGLE_HEADS; one thread each, about 25 minutes per world.
+
 Wall time on 2 CPU cores (from the logs of the shipped run): tokenizer 5 min; drafter 26 min at
 two threads with the small drafter (18 min, one thread) beside it; target 27 min, target_refine
 16.5 min, target_parallel and target_parallel_refine 17 min each at two threads: about 110 min.
@@ -32,6 +36,7 @@ import json
 import logging
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +44,8 @@ import torch
 
 from harness.shapes.train_gpt import save_gpt, train_gpt
 from harness.shapes.train_tokenizer import train_tokenizer
-from harness.shapes.weights import MANIFEST, WEIGHTS_DIR, WORLDS, load_gpt, read_manifest, write_manifest
+from harness.shapes.weights import (MANIFEST, WEIGHTS_DIR, WORLDS, add_to_manifest, load_gpt, read_manifest,
+                                    write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +109,7 @@ GPTS: dict[str, dict[str, Any]] = {
 # Those 384 prompts at global seed 0 are the sample every stage above was chosen on, and they
 # flatter MuLo-SD: on the same prompts at seed 1, MuLo-SD against raster is 0.424 / 0.766 with
 # target_refine and 0.576 / 0.800 with target_parallel_refine (gaps -0.34 and -0.22, not -0.30
-# and -0.11); on 1536 prompts at seed 0 the shipped stage gives 0.556 / 0.766 (README). The two
+# and -0.11); on 1536 prompts at seed 0 the shipped stage gives 0.556 / 0.766 (docs/shapes_world.md). The two
 # unshipped window-2 stages at seed 1: 0.518 / 0.797 (seed 8) and 0.513 / 0.760 (seed 9), gaps
 # -0.28 and -0.25, so not shipping them stands.
 SHIPPED = {"target": "target_parallel_refine", "drafter": "drafter", "small_drafter": "small_drafter"}
@@ -124,7 +130,7 @@ GPTS.update({
     # steps of batch 64 beyond the x1 chain, the x1 target as drafter none); 0.56 steps/s on 2 CPU
     # cores. Drafting with ZipAR window 8 at 64 px (768 prompts, seed 1): 0.736 -> 0.794 (+0.059
     # +- 0.016 paired); raster order 0.775 -> 0.792. The x1 target as it ships drafted the x2
-    # world until then (README, "The x2 world").
+    # world until then (docs/shapes_world.md, "The x2 world").
     "x2_drafter": dict(role="target", steps=2400, batch_size=32, lr=3e-4, dim=256, n_layer=4, n_head=4,
                        seed=13, init_from="target_parallel_refine", warmup=20, parallel_fraction=0.5,
                        size=64, **CAPTIONS),
@@ -138,6 +144,38 @@ WORLD_SHIPPED = {"x1": SHIPPED, "x2": SHIPPED_X2}
 # Files a world takes unchanged from another world's folder: both worlds share the tokenizer (its
 # 4x4 patch codes do not depend on image size).
 BORROWED = {"x1": {}, "x2": {"tokenizer.safetensors": ("x1", "tokenizer.safetensors")}}
+
+
+# The EAGLE head of each world's target (python -m baselines.train_eagle, after the target is
+# installed): x1 from scratch, x2 from the x1 head (a head has no position parameters of its own).
+EAGLE_HEADS: dict[str, dict[str, Any]] = {
+    "x1": dict(steps=1000, batch_size=32, seed=0, threads=1),
+    "x2": dict(steps=450, batch_size=8, seed=0, threads=1, init="x1"),
+}
+HEAD_FILE = "eagle_head.safetensors"
+
+
+def stage_eagle_head(out: Path, world: str, dest: Path) -> None:
+    """Train the EAGLE head of the target installed in `dest` (EAGLE_HEADS[world]) in `out`/eagle_head
+    (its checkpoints stay there), copy it into `dest` and list it in the manifest."""
+    spec = dict(EAGLE_HEADS[world])
+    model = "shapes" if world == "x1" else f"shapes_{world}"
+    work = out / "eagle_head"
+    work.mkdir(parents=True, exist_ok=True)
+    init = spec.pop("init", None)
+    args = ["-m", "baselines.train_eagle", "--model", model, "--out", str(work / HEAD_FILE),
+            *(f"--{k.replace('_', '-')}={v}" for k, v in spec.items()), f"model.weights_dir={dest}"]
+    if init is not None:
+        args.append(f"--init={WORLDS[init] / HEAD_FILE}")
+    log.info("training the EAGLE head: python %s", " ".join(args))
+    with open(work / "train.log", "a") as logfile:
+        subprocess.run([sys.executable, *args], check=True, stdout=logfile, stderr=subprocess.STDOUT)
+    shutil.copyfile(work / HEAD_FILE, dest / HEAD_FILE)
+    from safetensors import safe_open
+
+    with safe_open(str(dest / HEAD_FILE), framework="pt") as f:
+        metrics = json.loads((f.metadata() or {}).get("info", "{}"))
+    add_to_manifest(dest, HEAD_FILE, "eagle_head", metrics, {"command": "python " + " ".join(args)})
 
 
 def _commit() -> str:
@@ -271,6 +309,7 @@ def main() -> None:
     if a.install:
         manifest = install(a.out, metrics, WORLDS[a.world], a.world)
         log.info("installed %d files into %s (%s)", len(manifest["files"]), WORLDS[a.world], MANIFEST)
+        stage_eagle_head(a.out, a.world, WORLDS[a.world])
 
 
 if __name__ == "__main__":

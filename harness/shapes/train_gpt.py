@@ -27,8 +27,8 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Dataset
 
 from harness.models.condition import TextCondition
-from harness.models.gpt import GPT, GPTConfig
 from harness.shapes.captions import ENCODINGS, TAGS, encoding_of
+from harness.shapes.gpt import ShapesConfig, ShapesGPT
 from harness.shapes.parallel_masks import Gap, hidden_of, sample_gaps
 from harness.shapes.scenes import render, sample_scene
 from harness.shapes.vq import ShapesVQ, load_tokenizer
@@ -52,7 +52,7 @@ def role_size(role: str, size: int | None = None) -> int:
 
 def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
                cond_broadcast: bool = False, word_pos: bool = False, rope_fraction: float = 1.0,
-               captions: str = "words", size: int | None = None) -> GPTConfig:
+               captions: str = "words", size: int | None = None) -> ShapesConfig:
     """The GPT architecture of a shapes-world role ("target", "drafter" or "small_drafter") reading
     captions in encoding `captions` ("words" or "phrases", captions.ENCODINGS), at image size
     `size` (default: the role's, role_size)."""
@@ -65,10 +65,10 @@ def gpt_config(role: str, vocab_size: int, dim: int, n_layer: int, n_head: int,
     # give scores that turn with the image position's rotary angle). Measured on 8x8 drafters
     # trained 400 steps from scratch on colour captions only: a wrong colour word cost 3.6 nats per
     # image with "zero", 1.2 with "identity".
-    return GPTConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
-                     prefix_len=slots, caption_dim=64, word_vocab=vocab, cond_dropout=0.1,
-                     prefix_rope="zero", cond_broadcast=cond_broadcast, word_pos=word_pos,
-                     rope_fraction=rope_fraction)
+    return ShapesConfig(vocab_size=vocab_size, grid=(grid, grid), dim=dim, n_layer=n_layer, n_head=n_head,
+                        prefix_len=slots, caption_dim=64, word_vocab=vocab, cond_dropout=0.1,
+                        prefix_rope="zero", cond_broadcast=cond_broadcast, word_pos=word_pos,
+                        rope_fraction=rope_fraction)
 
 
 def batch(step: int, seed: int, size: int, batch_size: int, tokenizer: ShapesVQ,
@@ -146,7 +146,7 @@ CAPTION_TENSORS = {"word_embeddings.weight", "word_pos", "cls_embedding.uncond_e
                    "cond_broadcast.weight", "cond_broadcast.bias"}
 
 
-def initialise_from(gpt: GPT, path: Path) -> None:
+def initialise_from(gpt: ShapesGPT, path: Path) -> None:
     """Load a parent GPT's weights into `gpt`: every parent tensor must exist with its shape,
     and `gpt` may only add the zero-initialised parameters in GROWN. A parent trained on another
     caption encoding (prefix slots, vocabulary) gives everything but its CAPTION_TENSORS."""
@@ -168,14 +168,14 @@ def initialise_from(gpt: GPT, path: Path) -> None:
                          f"unexpected {sorted(unexpected)}")
 
 
-def _save_ckpt(path: Path, gpt: GPT, opt: torch.optim.Optimizer, step: int) -> None:
+def _save_ckpt(path: Path, gpt: ShapesGPT, opt: torch.optim.Optimizer, step: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"model": gpt.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
     os.replace(tmp, path)
 
 
-def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
-    """Weights (as `dtype`) in safetensors with the GPTConfig (and `extra`) in the metadata; atomic."""
+def save_gpt(gpt: ShapesGPT, path: Path, extra: dict[str, Any], dtype: torch.dtype = torch.float32) -> None:
+    """Weights (as `dtype`) in safetensors with the ShapesConfig (and `extra`) in the metadata; atomic."""
     cfg = asdict(gpt.cfg)
     state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in gpt.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
@@ -184,13 +184,13 @@ def save_gpt(gpt: GPT, path: Path, extra: dict[str, Any], dtype: torch.dtype = t
     os.replace(tmp, path)
 
 
-def caption_encoding(gpt: GPT) -> str:
+def caption_encoding(gpt: ShapesGPT) -> str:
     """The caption encoding ("words", "phrases") a shapes GPT reads."""
     return encoding_of(gpt.cfg.prefix_len, gpt.cfg.word_vocab)
 
 
 @torch.no_grad()
-def evaluate_loss(gpt: GPT, tokenizer: ShapesVQ, size: int, seed: int, batches: int = 4) -> float:
+def evaluate_loss(gpt: ShapesGPT, tokenizer: ShapesVQ, size: int, seed: int, batches: int = 4) -> float:
     """Mean token cross-entropy on held-out batches (a seed stream disjoint from training). The
     scenes use the free layout (not `named_order`) for every model, so recipes compare."""
     gpt.eval()
@@ -221,14 +221,14 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     model learns to read the prefix within a few hundred steps; on the uniform mix alone a drafter
     had not started to after 1300 steps.
 
-    `cond_broadcast`: also add the projected caption to every image token's input (GPTConfig);
+    `cond_broadcast`: also add the projected caption to every image token's input (ShapesConfig);
     with the same curriculum a drafter read colour and shape words after 800 steps about as well
     as one without it after 1800.
 
-    `word_pos`: a learned embedding per caption slot (GPTConfig.word_pos), so the model can tell
+    `word_pos`: a learned embedding per caption slot (ShapesConfig.word_pos), so the model can tell
     "a circle left of a square" from "a square left of a circle".
 
-    `rope_fraction`: the fraction of each head's dimension pairs that rotate (GPTConfig); below 1
+    `rope_fraction`: the fraction of each head's dimension pairs that rotate (ShapesConfig); below 1
     image queries can pick caption slots by content.
 
     `captions`: the caption encoding ("words": the grammar's words, one slot each; "phrases": one
@@ -259,7 +259,7 @@ def train_gpt(role: str, tokenizer_path: Path, out_dir: Path, *, steps: int, bat
     tokenizer = load_tokenizer(tokenizer_path)
     size = role_size(role, size)
     torch.manual_seed(seed)
-    gpt = GPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos,
+    gpt = ShapesGPT(gpt_config(role, tokenizer.codebook_size, dim, n_layer, n_head, cond_broadcast, word_pos,
                          rope_fraction, captions, size)).train()
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2]

@@ -175,6 +175,11 @@ class ShapesVQ(nn.Module):
         """The l2-normalised code vectors [V, D] (what latents are matched against)."""
         return F.normalize(self.embedding.weight, dim=1)
 
+    @property
+    def raw_codebook(self) -> Tensor:
+        """The stored code vectors [V, D] before normalisation (LANTERN's neighbour metric)."""
+        return self.embedding.weight
+
     def _check_size(self, height: int, width: int) -> None:
         if height % DOWNSAMPLE or width % DOWNSAMPLE:
             raise ValueError(f"image size {height}x{width} is not divisible by {DOWNSAMPLE}")

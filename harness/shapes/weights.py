@@ -11,7 +11,7 @@ from typing import Any
 from safetensors import safe_open
 
 from harness.api import InputError
-from harness.models.gpt import GPT, GPTConfig
+from harness.shapes.gpt import ShapesConfig, ShapesGPT
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 # The shipped worlds: x1 (16x16 target, 8x8 drafter) and x2 (32x32 target whose drafter is x1's target).
@@ -61,6 +61,22 @@ def write_manifest(folder: Path, files: list[str], info: dict[str, Any],
     return manifest
 
 
+def add_to_manifest(folder: Path, name: str, key: str, metrics: dict[str, Any],
+                    recipe: dict[str, Any]) -> dict[str, Any]:
+    """List file `name` of `folder` in its manifest (sha256 and size) with its training `metrics`
+    and `recipe` under `key`, keeping every other entry (a weights file trained after the rest,
+    e.g. the EAGLE head: python -m baselines.train_eagle --ship)."""
+    manifest = read_manifest(folder)
+    path = folder / name
+    manifest["files"][name] = {"sha256": sha256(path), "bytes": path.stat().st_size}
+    manifest.setdefault("metrics", {})[key] = metrics
+    manifest.setdefault("recipe", {})[key] = recipe
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+    return manifest
+
+
 def verified(name: str, folder: Path = WEIGHTS_DIR) -> Path:
     """Path of weights file `name` after checking its sha256 against the manifest (a file the
     manifest links to another folder is read there)."""
@@ -77,8 +93,8 @@ def verified(name: str, folder: Path = WEIGHTS_DIR) -> Path:
     return path
 
 
-def load_gpt(path: Path, device: str = "cpu") -> GPT:
-    """Rebuild a GPT from `train_gpt.save_gpt`'s safetensors; strict."""
+def load_gpt(path: Path, device: str = "cpu") -> ShapesGPT:
+    """Rebuild a ShapesGPT from `train_gpt.save_gpt`'s safetensors; strict."""
     with safe_open(str(path), framework="pt", device=device) as f:
         meta = f.metadata() or {}
         if "config" not in meta:
@@ -86,7 +102,7 @@ def load_gpt(path: Path, device: str = "cpu") -> GPT:
         state = {k: f.get_tensor(k) for k in f.keys()}
     cfg = json.loads(meta["config"])
     cfg["grid"] = tuple(cfg["grid"])
-    gpt = GPT(GPTConfig(**cfg))
+    gpt = ShapesGPT(ShapesConfig(**cfg))
     try:
         gpt.load_state_dict(state, strict=True)  # copies (and casts fp16 files) into fp32 parameters
     except RuntimeError as err:

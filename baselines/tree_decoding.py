@@ -1,0 +1,138 @@
+"""Tree speculative decoding: EAGLE-2 (Li et al., 2024) and LANTERN (Jang et al., ICLR 2025) as
+LANTERN runs them on LlamaGen. Each round:
+
+1. the `eagle` source drafts a dynamic tree after the root, the last committed token
+   (baselines/eagle.py; the head's catch-up and `depth` expansions);
+2. ONE target forward verifies the root and the tree's m = total_tokens - 1 nodes with tree
+   attention on the static, position-indexed KV cache: the root is written to its own position's
+   slot, node j to scratch slot S + j after the sequence's S slots, each node at the position of
+   its depth (nodes of one depth share a rotary position) and attending to the committed sequence
+   and its ancestors only (baselines/draft_tree.tree_attention);
+3. the acceptance rule walks the tree (baselines/acceptance.accept_tree: `exact` for EAGLE-2,
+   `lantern` for LANTERN) and the next token is drawn from what remains;
+4. the accepted path's keys/values move from their scratch slots to their positions' slots
+   (`move_cache`; a node was rotated by its position, so this equals re-encoding the path), and
+   the head reads the target's features of the path (the next round's catch-up).
+
+Randomness: per image per round L x K + 1 uniforms (L = depth + 1 levels, K = top_k siblings),
+drawn whether used or not, so an image does not depend on its batch. Finished rows ride along
+(their writes land on the last sequence slot and on scratch slots) and commit nothing.
+
+Statistics (baselines/recorder.py): one target forward and depth + 1 head forwards (drafter
+forwards) per round; accepted_per_step = accepted drafts + 1 (the mean is LANTERN's "step
+compression", the mean accepted length per round); `proposed` counts the tree nodes that could be
+accepted (inside the image).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from baselines.acceptance import TreeRule, accept_tree
+from baselines.canvas import Context
+from baselines.draft_tree import tree_attention
+from baselines.eagle import EagleDraft
+from baselines.recorder import StatsRecorder
+from harness.api import ConfigValueError, Condition, Generation, ModelBundle, SamplingParams
+from harness.sampling import inverse_cdf, probs, sample, uniforms
+from harness.seeding import make_generators
+
+
+class TreeDecoder:
+    """Draft-tree speculative decoding from an `eagle` draft source and a tree acceptance rule.
+
+    Args:
+        sampling: how logits become p, for the target and the head's ranking.
+        draft: an EagleDraft (depth, top_k, total_tokens).
+        accept: a rule with `candidate` (ExactRule: EAGLE-2; LanternRule: LANTERN).
+        name: decoder label; default "eagle+<rule>".
+    """
+
+    def __init__(self, sampling: SamplingParams, draft: EagleDraft, accept: TreeRule,
+                 name: str | None = None) -> None:
+        if not hasattr(accept, "candidate"):
+            raise ConfigValueError(f"decoder accept {getattr(accept, 'name', accept)!r} cannot decide over a "
+                                   "draft tree (it has no `candidate`); use baselines.acceptance.ExactRule "
+                                   "or LanternRule")
+        self.sampling = sampling
+        self.draft = draft
+        self.accept = accept
+        self.name = name or f"{draft.name}+{accept.name}"
+
+    @torch.inference_mode()
+    def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
+        """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
+        target = models.target
+        for need in ("hidden", "move_cache", "head_logits", "model_rows"):
+            if not hasattr(target, need):
+                raise ConfigValueError(f"model {models.name!r}: its target ({type(target).__name__}) has no "
+                                       f"`{need}`; draft trees need a GPT-based target (TokenImageModel)")
+        opts = self.draft.options
+        gens = make_generators(seeds, "cpu")
+        b, m, levels, k = len(gens), opts.nodes, opts.levels, opts.top_k
+        rows, cols = target.grid
+        n_tokens = rows * cols
+        seq = int(target.cache_len)  # S: prefix + image slots; scratch slots follow
+        prefix = seq - n_tokens
+        target.setup_cache(b, scratch=m)
+        logits = target.prefill(cond)  # [B, V]: position 0
+        device = logits.device
+        ctx = Context(models=models, cond=cond, sampling=self.sampling, gens=gens, device=device)
+        run = self.draft.start(target, models.eagle_head, self.sampling, models.name)
+        tokens = torch.zeros(b, n_tokens + levels + 1, dtype=torch.long, device=device)
+        tokens[:, 0] = sample(logits, self.sampling, gens).to(device)
+        root = torch.zeros(b, dtype=torch.long, device=device)  # image position of the root
+        ids = torch.zeros(b, prefix, dtype=torch.long, device=device)  # caption slots pair with token 0
+        ids[:, -1] = tokens[:, 0]
+        run.catch_up(target.hidden, ids, root, torch.full_like(root, prefix))
+        rec = StatsRecorder(b, (rows, cols), device)
+        rec.forward(torch.ones(b, dtype=torch.bool, device=device), torch.ones_like(root))  # the prefill
+        step = torch.arange(levels, device=device)
+        scratch = seq + torch.arange(m, device=device)
+        while bool((root < n_tokens - 1).any()):  # the one host sync per round (and accept_tree's)
+            active = root < n_tokens - 1
+            remaining = (n_tokens - 1 - root).clamp_min(0)  # positions after the root
+            tree = run.expand(root)
+            block = torch.cat([tokens.gather(1, root[:, None]), tree.tokens], 1)  # [B, 1+m]
+            positions = torch.cat([root[:, None], root[:, None] + tree.depth], 1).clamp(max=n_tokens - 1)
+            write = torch.cat([prefix + root[:, None], scratch.expand(b, -1)], 1)
+            mask = tree_attention(tree.ancestry, prefix + root, seq, seq + m)
+            p = probs(target.forward(block, positions, mask, slots=write), self.sampling)  # [B, 1+m, V]
+            hidden = target.hidden  # [R, 1+m, dim]
+            u = uniforms(gens, (levels * k + 1,), device)
+            verdict = accept_tree(p, tree.children, block, u[:, :-1].reshape(b, levels, k), remaining,
+                                  self.accept, ctx)
+            a = torch.where(active, verdict.accepted, torch.zeros_like(root))
+            final = inverse_cdf(verdict.dist, u[:, -1])
+            # commit the path: cache slots, tokens, the head's catch-up
+            moving = (step[None] < a[:, None]) & active[:, None]
+            src = torch.where(moving, seq - 1 + verdict.path, seq)
+            dst = torch.where(moving, prefix + root[:, None] + 1 + step, seq)
+            target.move_cache(src, dst)
+            new = block.gather(1, verdict.path)  # [B, L]: the path's tokens, level by level
+            new = torch.cat([new, torch.zeros_like(root)[:, None]], 1)
+            new.scatter_(1, a[:, None], final[:, None])
+            at = root[:, None] + 1 + torch.arange(levels + 1, device=device)
+            keep = (torch.arange(levels + 1, device=device)[None] <= a[:, None]) & active[:, None]
+            tokens.scatter_(1, at, torch.where(keep, new, tokens.gather(1, at)))
+            path = torch.cat([torch.zeros_like(root)[:, None], verdict.path], 1)  # root + accepted nodes
+            feats = hidden.gather(1, target.model_rows(path)[..., None].expand(-1, -1, hidden.shape[-1]))
+            run.catch_up(feats, tokens.gather(1, at), prefix + root, torch.where(active, a + 1, 0))
+            advance = torch.where(active, torch.minimum(a + 1, remaining), torch.zeros_like(root))
+            self._record(rec, active, root, tree.depth, remaining, a, verdict.rejected, advance, levels)
+            root = root + advance
+        stats = rec.finish(with_drafts=True)
+        return Generation(tokens=tokens[:, :n_tokens].clone(), stats=stats)
+
+    @staticmethod
+    def _record(rec: StatsRecorder, active: Tensor, root: Tensor, depth: Tensor, remaining: Tensor,
+                accepted: Tensor, rejected: Tensor, advance: Tensor, levels: int) -> None:
+        """One round: a target forward, `levels` head forwards, the tree nodes inside the image
+        (proposed), the accepted drafts, and the rejection at the first unaccepted position."""
+        rec.forward(active, advance, target=1, drafter=levels)
+        offsets = torch.arange(levels, device=root.device)[None]
+        stopped = rejected & (accepted < remaining)
+        rec.drafts(active, root + 1, proposed=(depth <= remaining[:, None]).sum(-1), accepted=accepted,
+                   resampled=stopped.long(), rejected=(offsets == accepted[:, None]) & stopped[:, None])

@@ -1,0 +1,1 @@
+"""A user's own decoders, kept outside the harness (docs/extending.md)."""

@@ -1,0 +1,338 @@
+"""The EAGLE head (Li et al., EAGLE-1/2; LANTERN's LlamaGen drafter): one decoder layer that drafts
+the target's next hidden state from its last one, sharing the target's output layer.
+
+Architecture and key names follow LANTERN (github.com/jadohu/LANTERN @3a56e45,
+`models/drafters/cnets_llamagen.py`), so the released heads `jadohu/llamagen_drafter` (256 px) and
+`jadohu/llamagen2_drafter` (512 px) load strictly:
+
+    embed_tokens.weight                         [V, dim]        frozen token embedding (in the head file)
+    fc.weight, fc.bias                          [dim, 2 dim]    Linear over cat(embedding, feature)
+    layers.0.self_attn.{q,k,v,o}_proj.weight    no biases, heads of the target's head width
+    layers.0.mlp.{gate,up,down}_proj.weight     SwiGLU: down(silu(gate x) * up x)
+    layers.0.post_attention_layernorm.weight    RMSNorm (eps 1e-6, computed in float32)
+
+There is no input norm before the attention, no final norm and no output layer: the head's output h
+goes through the target's output layer (`head_logits`).
+
+Sequence (cache slots of the head): head index i pairs the target's hidden state at sequence slot
+i (after its final norm: `last_hidden`) with the token at slot i + 1 (0 at a caption slot, as
+LANTERN pads) and predicts the target's hidden state at slot i + 1. It is encoded at the position
+of its token, slot i + 1, with the target's own position code (`positional`: LlamaGen's 2-D rotary
+table, whose caption rows are zero, so the head rotates by the raster position of its input token,
+as LANTERN's 119 zero rows do; Tar's absolute table is added to the fc output). The head attends
+without the caption padding mask (LANTERN calls its drafter without one).
+
+A head is made for one target: its width, head width, vocabulary, token grid and caption slots
+must match (`check_compatible` names both sides). Files: LANTERN's `config.json` +
+`pytorch_model.bin` (`load_lantern`), or this project's safetensors with the config in the metadata
+(`save_head` / `load_trained`, written by `python -m baselines.train_eagle`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from harness.models.gpt import GPTConfig
+from harness.models.hub import WeightsError, load_strict, read_checkpoint, resolve, state_dict_of
+from harness.models.transformer import KVCache, RMSNorm, apply_rope
+
+log = logging.getLogger(__name__)
+
+# LANTERN's `input_type` -> (token grid, caption slots of the target): cnets_llamagen.py sets the
+# grid from it and pads 119 = 120 - 1 caption rows of zeros.
+LANTERN_INPUT_TYPES = {"t2i": ((16, 16), 120), "t2i2": ((32, 32), 120)}
+Positional = Callable[[Tensor, Tensor], "tuple[Tensor, Tensor | None]"]
+
+
+@dataclass(frozen=True)
+class EagleHeadConfig:
+    """The head's sizes and the target it drafts for (grid, caption slots)."""
+
+    dim: int
+    n_head: int
+    vocab_size: int
+    grid: tuple[int, int]
+    prefix_len: int
+    ffn_dim: int
+    n_kv_head: int | None = None
+    norm_eps: float = 1e-6
+    fc_bias: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @classmethod
+    def for_target(cls, target: GPTConfig, **overrides: Any) -> "EagleHeadConfig":
+        """A head of the target's width, heads, vocabulary, grid and feed-forward width (LANTERN's
+        LlamaGen head: intermediate 3584 = GPT-XL's)."""
+        hidden = int(2 * 4 * target.dim / 3)
+        if target.ffn_dim_multiplier is not None:
+            hidden = int(target.ffn_dim_multiplier * hidden)
+        hidden = -(-hidden // target.multiple_of) * target.multiple_of
+        base = dict(dim=target.dim, n_head=target.n_head, n_kv_head=target.n_kv_head,
+                    vocab_size=target.vocab_size, grid=tuple(target.grid), prefix_len=target.prefix_len,
+                    ffn_dim=hidden)
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def from_lantern(cls, config: Mapping[str, Any], where: str) -> "EagleHeadConfig":
+        """LANTERN's drafter `config.json` (a Llama config with `input_type`) -> EagleHeadConfig."""
+        kind = config.get("input_type")
+        if kind not in LANTERN_INPUT_TYPES:
+            raise WeightsError(f"{where}: input_type {kind!r} is not a LANTERN text-to-image LlamaGen head "
+                               f"(one of {sorted(LANTERN_INPUT_TYPES)})")
+        if config.get("num_hidden_layers", 1) != 1:
+            raise WeightsError(f"{where}: num_hidden_layers {config['num_hidden_layers']}; an EAGLE head "
+                               "has 1")
+        try:
+            grid, prefix = LANTERN_INPUT_TYPES[kind]
+            return cls(dim=int(config["hidden_size"]), n_head=int(config["num_attention_heads"]),
+                       n_kv_head=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+                       vocab_size=int(config["vocab_size"]), grid=grid, prefix_len=prefix,
+                       ffn_dim=int(config["intermediate_size"]),
+                       norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+                       fc_bias=bool(config.get("bias", True)))
+        except KeyError as err:
+            raise WeightsError(f"{where} lacks the key {err}; not a LANTERN drafter config.json") from err
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EagleHeadConfig":
+        values = json.loads(text)
+        values["grid"] = tuple(values["grid"])
+        return cls(**values)
+
+
+class HeadAttention(nn.Module):
+    """Llama attention with separate q/k/v/o projections (LANTERN's names) and a static cache."""
+
+    def __init__(self, cfg: EagleHeadConfig) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.n_kv_head = cfg.n_kv_head or cfg.n_head
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_head * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, self.n_kv_head * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, self.n_kv_head * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * self.head_dim, cfg.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, write: Tensor | None) -> Tensor:
+        """x [R, T, dim]; rope [R, T, hd/2, 2] or None; mask [R, 1, T, S] bool or None (causal, no
+        cache: training); write [R, T] cache slots or None."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if write is not None:
+            if self.kv_cache is None:
+                raise RuntimeError("the EAGLE head's cache is not set up: call setup_cache first")
+            k, v = self.kv_cache.write(write, k, v)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class HeadMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class HeadLayer(nn.Module):
+    """LANTERN's decoder layer 0: h = x + attn(x); out = h + mlp(norm(h)) (no input norm)."""
+
+    def __init__(self, cfg: EagleHeadConfig) -> None:
+        super().__init__()
+        self.self_attn = HeadAttention(cfg)
+        self.mlp = HeadMLP(cfg.dim, cfg.ffn_dim)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, write: Tensor | None) -> Tensor:
+        h = x + self.self_attn(x, rope, mask, write)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class EagleHead(nn.Module):
+    """The head (module docstring). `forward` maps target features and tokens to drafted features;
+    the caller turns them into logits with the target's output layer."""
+
+    def __init__(self, cfg: EagleHeadConfig) -> None:
+        super().__init__()
+        if cfg.dim % cfg.n_head:
+            raise ValueError(f"EAGLE head width {cfg.dim} is not divisible by its {cfg.n_head} heads")
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.embed_tokens.weight.requires_grad_(False)  # frozen, as in LANTERN and EAGLE
+        self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=cfg.fc_bias)
+        self.layers = nn.ModuleList([HeadLayer(cfg)])
+
+    def setup_cache(self, rows: int, slots: int, dtype: torch.dtype | None = None) -> None:
+        """A zeroed static cache of `slots` slots for `rows` rows (the target's rows: 2B with CFG)."""
+        w = self.fc.weight
+        att = self.layers[0].self_attn
+        att.kv_cache = KVCache(rows, att.n_kv_head, slots, att.head_dim, dtype or w.dtype, w.device)
+
+    def forward(self, features: Tensor, tokens: Tensor, seq_slots: Tensor, positional: Positional,
+                mask: Tensor | None = None, write: Tensor | None = None) -> Tensor:
+        """features [R, T, dim] (target hidden states after its final norm, or the head's own output
+        for drafted nodes), tokens [R, T] (the token after each feature), seq_slots [R, T] (the
+        target sequence slot of each token: prefix_len + position), positional: the target's
+        position code (GPT.positional); mask [R, T, S] bool or None (causal, no cache); write [R, T]
+        cache slots or None. Returns the drafted features [R, T, dim]."""
+        emb = self.embed_tokens(tokens).to(self.fc.weight.dtype)
+        h = self.fc(torch.cat([emb, features.to(self.fc.weight.dtype)], dim=-1))
+        h, rope = positional(h, seq_slots)
+        return self.layers[0](h, rope, None if mask is None else mask.unsqueeze(1), write)
+
+
+# ----------------------------------------------------------------------------- compatibility
+def check_compatible(head: EagleHeadConfig, target: GPTConfig, where: str) -> None:
+    """Refuse a head that was not made for `target`, naming both sides (`where`: the head's file)."""
+    problems = []
+    if head.dim != target.dim:
+        problems.append(f"width {head.dim} vs the target's {target.dim}")
+    elif head.head_dim != target.head_dim and target.pos_embed == "rope2d":
+        problems.append(f"head width {head.head_dim} ({head.n_head} heads) vs the target's {target.head_dim} "
+                        f"({target.n_head} heads): the head uses the target's rotary table")
+    if head.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {head.vocab_size} vs the target's {target.vocab_size}")
+    if tuple(head.grid) != tuple(target.grid):
+        problems.append(f"token grid {tuple(head.grid)} vs the target's {tuple(target.grid)}")
+    if head.prefix_len != target.prefix_len:
+        problems.append(f"caption slots {head.prefix_len} vs the target's {target.prefix_len}")
+    if problems:
+        raise WeightsError(f"the EAGLE head {where} does not fit this target: {'; '.join(problems)}. "
+                           "Use the head made for this model (or train one: python -m baselines.train_eagle)")
+
+
+# ----------------------------------------------------------------------------- files
+def random_head(target_cfg: GPTConfig, tok_embeddings: Tensor, seed: int = 0, **overrides: Any) -> EagleHead:
+    """A seeded, untrained head for `target_cfg` (tests, tiny stacks, the start of training):
+    N(0, 0.02) weights, the frozen embedding copied from the target's token embedding."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = EagleHead(EagleHeadConfig.for_target(target_cfg, **overrides))
+        for m in head.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(tok_embeddings.detach().float())
+    return head.eval()
+
+
+def load_lantern(config_path: Path, weights_path: Path, trust_pickle: bool = False) -> EagleHead:
+    """A released LANTERN head: its `config.json` and `pytorch_model.bin` (or model.safetensors),
+    loaded strictly."""
+    try:
+        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise WeightsError(f"cannot read the EAGLE head config {config_path}: {err}") from err
+    head = EagleHead(EagleHeadConfig.from_lantern(config, str(config_path)))
+    state = state_dict_of(read_checkpoint(Path(weights_path), trust_pickle), Path(weights_path))
+    load_strict(head, state, weights_path, "EAGLE head (LANTERN)")
+    return head.eval()
+
+
+HEAD_META = "eagle_head"
+
+
+def save_head(head: EagleHead, path: Path, info: Mapping[str, Any] | None = None,
+              dtype: torch.dtype = torch.float16) -> None:
+    """Write a head as safetensors (`dtype` storage) with its config and `info` in the metadata."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
+    meta = {HEAD_META: head.cfg.to_json(), "info": json.dumps(dict(info or {}), sort_keys=True)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata=meta)
+    os.chmod(path, 0o644)  # readable like the other shipped weights (safetensors writes 0600)
+
+
+def load_trained(path: Path) -> EagleHead:
+    """A head written by `save_head` (python -m baselines.train_eagle), loaded strictly."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    if HEAD_META not in meta:
+        raise WeightsError(f"{path} has no '{HEAD_META}' metadata; not an EAGLE head written by "
+                           "python -m baselines.train_eagle")
+    head = EagleHead(EagleHeadConfig.from_json(meta[HEAD_META]))
+    load_strict(head, {k: v.float() for k, v in state.items()}, path, "EAGLE head")
+    return head.eval()
+
+
+def read_info(path: Path) -> dict[str, Any]:
+    """The `info` metadata of a saved head (training settings and losses)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return json.loads((f.metadata() or {}).get("info", "{}"))
+
+
+def build_head(target_cfg: GPTConfig, tok_embeddings: Tensor, *, file: str | None = None,
+               config_file: str | None = None, repo_id: str | None = None, local_dir: str | None = None,
+               cache_dir: str | None = None, random: bool = False, seed: int = 0,
+               trust_pickle: bool = False) -> EagleHead:
+    """The EAGLE head a model config names, checked against the target:
+
+    - `random`: a seeded untrained head (random_head);
+    - `file` ending in .safetensors: a head this project trained (load_trained);
+    - otherwise LANTERN's release: `file` (pytorch_model.bin) and `config_file` (config.json).
+    A file with a directory part is a path; a bare name is read from `local_dir` or downloaded from
+    the Hugging Face repo `repo_id` (harness.models.hub.resolve).
+    """
+    if random:
+        return random_head(target_cfg, tok_embeddings, seed)
+    if not file:
+        raise WeightsError("model.eagle_head_file is not set: name the head's weights file (or its repo "
+                           "with model.eagle_head_repo)")
+
+    def find(name: str) -> Path:
+        if Path(name).name != name or name.startswith("~"):  # a path, not a bare file name
+            path = Path(name).expanduser()
+            if not path.is_file():
+                raise WeightsError(f"EAGLE head file {path} does not exist")
+            return path
+        local = None if local_dir is None else str(Path(local_dir).expanduser() / name)
+        if local is None and repo_id is None:
+            raise WeightsError(f"EAGLE head file {name}: set model.eagle_head_repo (a Hugging Face repo) or "
+                               "model.local_dir, or give a path")
+        return resolve(repo_id or "(local)", name, local, cache_dir)
+
+    path = find(file)
+    if path.suffix == ".safetensors":
+        head = load_trained(path)
+    else:
+        if not config_file:
+            raise WeightsError(f"{path} is a LANTERN head file: set model.eagle_head_config (its "
+                               "config.json)")
+        head = load_lantern(find(config_file), path, trust_pickle)
+    check_compatible(head.cfg, target_cfg, str(path))
+    log.info("loaded the EAGLE head %s", path)
+    return head

@@ -1,0 +1,292 @@
+"""Before anything is generated: which decoders and evaluators a job runs, whether the model can run
+them, and what the job will cost.
+
+Read from the composed config only (no weights are loaded), so a job that cannot finish stops in
+seconds, before hours of generation:
+
+- a decoder config lists what it needs from the bundle in `requires` (`drafter`, `small_drafter`,
+  `eagle_head`); a model config provides a part when its flag is true (`drafter: true`, the shapes
+  worlds), its file is named (`drafter_file: ...`, real models) or `provides` lists it (random
+  bundles). MuLo-SD also needs a whole grid ratio r = target size / drafter size.
+- an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...).
+- `rows_by_model` (the paper protocols) keeps, per model, the decoders of the paper's table;
+  `unavailable` names decoders that cannot run for a stated reason (e.g. not implemented yet).
+- with `incompatible: error` (the default) every decoder or evaluator that cannot run is listed in
+  one error; with `incompatible: skip` (the paper protocols) each is dropped with its reason logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness.api import ConfigValueError, InputError
+
+log = logging.getLogger(__name__)
+
+PARTS = ("drafter", "small_drafter", "eagle_head")
+INCOMPATIBLE = ("error", "skip")
+_WEIGHT_KEYS = (
+    "target_file",
+    "drafter_file",
+    "small_drafter_file",
+    "vq_file",
+    "tatok_file",
+    "eagle_head_file",
+    "eagle_head_config",
+)
+
+
+class IncompatibleError(ConfigValueError):
+    """Decoders or evaluators that cannot run on the configured model or prompt set."""
+
+
+class MissingWeightsError(InputError, FileNotFoundError):
+    """Weight files a job needs that are not on this machine, which cannot download them."""
+
+
+@dataclass
+class Plan:
+    """What a job will run: the decoders and evaluators kept, and those dropped with their reason."""
+
+    decoders: list[str]
+    evaluators: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why
+
+
+def model_parts(model: DictConfig) -> set[str]:
+    """The bundle parts (PARTS) a model config provides, without loading it."""
+    listed = set(model.get("provides") or [])
+    parts = set()
+    for part in PARTS:
+        flag, file = model.get(part), model.get(f"{part}_file")
+        if flag is True or (isinstance(file, str) and file) or part in listed:
+            parts.add(part)
+    return parts
+
+
+def _requires(node: DictConfig) -> list[str]:
+    """The `requires` list of a decoder or evaluator config (empty when absent)."""
+    return [str(r) for r in (node.get("requires") or [])]
+
+
+def decoder_problem(name: str, node: DictConfig, model: DictConfig) -> str | None:
+    """Why decoder `name` cannot run on `model`, or None when it can."""
+    missing = [part for part in _requires(node) if part in PARTS and part not in model_parts(model)]
+    if missing:
+        return (
+            f"needs {' and '.join(missing)}, which model {model.get('name')!r} does not provide "
+            f"(set {', '.join(f'model.{m}_file' for m in missing)} or choose another model)"
+        )
+    target, drafter = model.get("target_size"), model.get("drafter_size")
+    if "drafter" in _requires(node) and isinstance(target, int) and isinstance(drafter, int):
+        if drafter <= 0 or target % drafter or target == drafter:
+            return f"needs a whole grid ratio r = target_size / drafter_size >= 2, got {target} / {drafter}"
+    return None
+
+
+def evaluator_problem(name: str, node: DictConfig, dataset: DictConfig) -> str | None:
+    """Why evaluator `name` cannot score the prompt set `dataset`, or None when it can."""
+    wanted = [r.split(":", 1)[1] for r in _requires(node) if r.startswith("dataset:")]
+    if wanted and dataset.get("name") not in wanted:
+        return (
+            f"scores only the prompt sets {wanted} (it reads their metadata or references), "
+            f"not dataset={dataset.get('name')}"
+        )
+    return None
+
+
+def plan(cfg: DictConfig) -> Plan:
+    """The decoders and evaluators this job runs.
+
+    Raises:
+        IncompatibleError: with `incompatible: error`, listing every decoder and evaluator that
+            cannot run and why.
+    """
+    mode = cfg.get("incompatible", "error")
+    if mode not in INCOMPATIBLE:
+        raise ConfigValueError(f"incompatible must be one of {list(INCOMPATIBLE)}, got {mode!r}")
+    decoders = {str(k): v for k, v in (cfg.get("decoder") or {}).items()}
+    skipped: dict[str, str] = {}
+    rows = _rows(cfg)
+    if rows is not None:
+        for name in list(decoders):
+            if name not in rows:
+                skipped[name] = f"not a row of this table for model {cfg.model.get('name')}"
+                del decoders[name]
+    unavailable = {str(k): str(v) for k, v in (cfg.get("unavailable") or {}).items()}
+    for name in rows or []:
+        if name not in decoders:
+            skipped[name] = unavailable.get(name, "no such decoder config")
+    problems = {n: unavailable[n] for n in decoders if n in unavailable}
+    problems |= {
+        n: p
+        for n, node in decoders.items()
+        if n not in problems and (p := decoder_problem(n, node, cfg.model))
+    }
+    evaluators = {str(k): v for k, v in (cfg.get("evaluator") or {}).items()}
+    problems |= {n: p for n, node in evaluators.items() if (p := evaluator_problem(n, node, cfg.dataset))}
+    if problems and mode == "error":
+        lines = "".join(f"\n  {name}: {why}" for name, why in problems.items())
+        raise IncompatibleError(
+            f"these cannot run with model={cfg.model.get('name')} "
+            f"dataset={cfg.dataset.get('name')}:{lines}\nDrop them from decoder=[...] / "
+            "evaluator=[...], or pass incompatible=skip to run the rest"
+        )
+    skipped |= problems
+    for name, why in skipped.items():
+        log.warning("skipping %s: %s", name, why)
+    return Plan(
+        decoders=[n for n in decoders if n not in problems],
+        evaluators=[n for n in evaluators if n not in problems],
+        skipped=skipped,
+    )
+
+
+def check(cfg: DictConfig) -> Plan:
+    """`plan(cfg)`, and for a generate stage the model's weight files (`missing_weights`).
+
+    Raises:
+        IncompatibleError: see `plan`.
+        MissingWeightsError: naming every missing file and the command that fetches it.
+    """
+    jobs = plan(cfg)
+    missing = missing_weights(cfg.model) if "generate" in (cfg.get("stages") or []) else []
+    if missing:
+        raise MissingWeightsError(
+            f"model {cfg.model.get('name')} cannot be loaded on this machine:"
+            + "".join(f"\n  {m}" for m in missing)
+            + "\nFetch them on a node with internet (docs/models.md), or unset "
+            "HF_HUB_OFFLINE / model.local_dir to download them here"
+        )
+    return jobs
+
+
+def _rows(cfg: DictConfig) -> list[str] | None:
+    """The decoders `rows_by_model` keeps for this model, or None (no such table: keep all)."""
+    table = cfg.get("rows_by_model")
+    if not table:
+        return None
+    name = cfg.model.get("name")
+    if name not in table:
+        raise ConfigValueError(
+            f"experiment {cfg.get('name')!r} has rows for the models {sorted(table)}, "
+            f"not model={name}; choose one of them"
+        )
+    return [str(r) for r in table[name]]
+
+
+def missing_weights(model: DictConfig) -> list[str]:
+    """Weight files of a real model config that are not on this machine when it cannot download:
+    `model.local_dir` is set, or HF_HUB_OFFLINE=1. Each entry names the file and the command that
+    fetches it. Empty when the model downloads on first use, has random weights or is no hub model."""
+    files = [(key, str(model.get(key))) for key in _WEIGHT_KEYS if model.get(key)]
+    if not files or model.get("random_init") or not (model.get("repo_id") or model.get("tatok_repo")):
+        return []
+    local = model.get("local_dir")
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false")
+    if not local and not offline:
+        return []
+    missing = []
+    for key, file in files:
+        repo = _repo_of(model, key)
+        found = (
+            (Path(local).expanduser() / file).is_file()
+            if local
+            else _in_hub_cache(repo, file, model.get("cache_dir"))
+        )
+        if not found:
+            where = f" --local-dir {local}" if local else ""
+            missing.append(
+                f"model.{key} {file}: fetch it with `huggingface-cli download {repo} {file}{where}`"
+            )
+    return missing
+
+
+def _repo_of(model: DictConfig, key: str) -> str:
+    """The hub repository of a weights key: Tar keeps the VQ decoder in `vq_repo` and the rest in
+    `tatok_repo`; LlamaGen keeps all in `repo_id`."""
+    if key == "vq_file" and model.get("vq_repo"):
+        return str(model.vq_repo)
+    if key.startswith("eagle_head") and model.get("eagle_head_repo"):
+        return str(model.eagle_head_repo)
+    return str(model.get("tatok_repo") or model.get("repo_id"))
+
+
+def _in_hub_cache(repo: str, file: str, cache_dir: Any) -> bool:
+    """Whether `repo/file` is in the Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id=repo, filename=file, cache_dir=cache_dir)
+    return isinstance(found, str)
+
+
+def fetch(cfg: DictConfig) -> list[str]:
+    """Download what a job reads from the network, so it can later run offline (`stages=[fetch]`,
+    on a node with internet): the prompt set's files, and a real model's weight files and its text
+    encoder or LLM repository. Returns what was fetched. Evaluator weights are fetched by their
+    first evaluate stage."""
+    from hydra.utils import instantiate
+
+    from harness.models.hub import resolve, snapshot
+
+    fetched = [f"dataset {cfg.dataset.get('name')}: {len(instantiate(_plain(cfg.dataset)))} prompts"]
+    model = cfg.model
+    if not model.get("random_init"):
+        for key in _WEIGHT_KEYS:
+            if model.get(key):
+                repo = _repo_of(model, key)
+                fetched.append(f"model.{key}: {resolve(repo, str(model[key]), None, model.get('cache_dir'))}")
+    for part in ("text_encoder", "llm"):
+        node = model.get(part)
+        if isinstance(node, DictConfig) and node.get("repo_id") and not model.get("random_init"):
+            fetched.append(
+                f"model.{part}: {snapshot(str(node.repo_id), node.get('local_path'), node.get('cache_dir'))}"
+            )
+    for line in fetched:
+        log.info("fetched %s", line)
+    return fetched
+
+
+def _plain(node: DictConfig) -> dict[str, Any]:
+    """A config node without its informational `name` key, ready to instantiate."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(value, dict)
+    value.pop("name", None)
+    return value
+
+
+def describe(cfg: DictConfig, jobs: Plan, prompts: int, images: int) -> str:
+    """One paragraph: what the job generates (decoders x prompts x images) and what it skips."""
+    total = len(jobs.decoders) * images
+    text = (
+        f"plan: {len(jobs.decoders)} decoders ({', '.join(jobs.decoders)}) x {prompts} prompts x "
+        f"{cfg.images_per_prompt} images = {total} images of model {cfg.model.get('name')} on "
+        f"{cfg.dataset.get('name')}, scored by {', '.join(jobs.evaluators) or 'no evaluator'}"
+    )
+    if jobs.skipped:
+        text += "; skipped: " + "; ".join(f"{n} ({why})" for n, why in jobs.skipped.items())
+    return text
+
+
+def budget(per_image_s: float, images: int, decoders: int, device: str) -> str:
+    """The time estimate printed after the first warm-up: every decoder at the measured per-image
+    time of the first (raster's is the slowest), so an upper bound."""
+    hours = per_image_s * images * decoders / 3600
+    unit = "GPU-hours" if device.startswith("cuda") else "CPU-hours"
+    return (
+        f"budget: about {hours:.2f} {unit} at most ({per_image_s:.3f} s per image measured at warm-up x "
+        f"{images} images x {decoders} decoders; accelerated decoders take less)"
+    )
+
+
+def to_dict(jobs: Plan) -> dict[str, Any]:
+    """The plan as run.json records it."""
+    return {"decoders": jobs.decoders, "evaluators": jobs.evaluators, "skipped": dict(jobs.skipped)}
