@@ -119,37 +119,18 @@ def test_binding_names_what_makes_images_and_nothing_else() -> None:
     assert sample_binding(_cfg([]), "raster", "other-weights", cpu) != base
 
 
+def _shard(samples: Path, index: int, *extra: str) -> DictConfig:
+    """A generate-only shard job (index of 2) writing into the shared `samples`."""
+    return _cfg(["evaluator=[speed]", "stages=[generate]", f"samples_dir={samples}", "shard.count=2",
+                 f"shard.index={index}", *extra])
+
+
 def test_shard_jobs_share_one_sample_set(tmp_path: Path) -> None:
     samples = tmp_path / "samples"
     for index in (0, 1):
-        run(
-            _cfg(
-                [
-                    "evaluator=[speed]",
-                    "stages=[generate]",
-                    f"samples_dir={samples}",
-                    "shard.count=2",
-                    f"shard.index={index}",
-                ]
-            ),
-            tmp_path / f"shard{index}",
-        )
-    summary = run(
-        _cfg(["evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}"]), tmp_path / "eval"
-    )
+        run(_shard(samples, index), tmp_path / f"shard{index}")
+    summary = run(_cfg(["evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}"]), tmp_path / "eval")
     assert int(summary[(summary.metric == "latency_s") & (summary.subset == "all")].n.iloc[0]) == 4
     # a shard job under another sampling may not join the set
     with pytest.raises(BindingMismatchError, match="sampling.top_k"):
-        run(
-            _cfg(
-                [
-                    "evaluator=[speed]",
-                    "stages=[generate]",
-                    f"samples_dir={samples}",
-                    "shard.count=2",
-                    "shard.index=0",
-                    "sampling.top_k=3",
-                ]
-            ),
-            tmp_path / "shard_bad",
-        )
+        run(_shard(samples, 0, "sampling.top_k=3"), tmp_path / "shard_bad")

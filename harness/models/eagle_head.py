@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from harness.models.gpt import GPTConfig
 from harness.models.hub import WeightsError, load_strict, read_checkpoint, resolve, state_dict_of
-from harness.models.transformer import KVCache, RMSNorm, apply_rope
+from harness.models.transformer import KVCache, RMSNorm, attend
 
 log = logging.getLogger(__name__)
 
@@ -134,19 +134,7 @@ class HeadAttention(nn.Module):
         q = self.q_proj(x).view(b, t, self.n_head, self.head_dim)
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
         v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
-        if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if write is not None:
-            if self.kv_cache is None:
-                raise RuntimeError("the EAGLE head's cache is not set up: call setup_cache first")
-            k, v = self.kv_cache.write(write, k, v)
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        if self.n_kv_head != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return self.o_proj(attend(q, k, v, rope, mask, write, self.kv_cache))
 
 
 class HeadMLP(nn.Module):
@@ -336,3 +324,10 @@ def build_head(target_cfg: GPTConfig, tok_embeddings: Tensor, *, file: str | Non
     check_compatible(head.cfg, target_cfg, str(path))
     log.info("loaded the EAGLE head %s", path)
     return head
+
+
+def attach_head(target: Any, dtype: torch.dtype, **where: Any) -> None:
+    """Build the EAGLE head of an official target (an OfficialImageModel) with `build_head(**where)`
+    and attach it as `target.eagle_head` in `dtype` (LlamaGen and Tar loaders)."""
+    head = build_head(target.gpt.cfg, target.gpt.tok_embeddings.weight, **where)
+    target.eagle_head = head.to(dtype)

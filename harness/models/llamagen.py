@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from harness.api import ModelBundle
-from harness.models.eagle_head import build_head
+from harness.models.eagle_head import attach_head
 from harness.models.gpt import GPT, GPTConfig
 from harness.models.hub import dtype_of, load_file_into, resolve
 from harness.models.official_model import OfficialImageModel
@@ -112,10 +112,9 @@ def build(name: str = "llamagen", repo_id: str = REPO_ID, target_file: str = "t2
 
     target = model(target_file, target_size, 1, arch)
     if eagle_head_file:
-        head = build_head(target.gpt.cfg, target.gpt.tok_embeddings.weight, file=eagle_head_file,
-                          config_file=eagle_head_config, repo_id=eagle_head_repo, local_dir=local_dir,
-                          cache_dir=cache_dir, random=random_init, seed=seed + 4, trust_pickle=trust_pickle)
-        target.eagle_head = head.to(dtype_of(dtype))
+        attach_head(target, dtype_of(dtype), file=eagle_head_file, config_file=eagle_head_config,
+                    repo_id=eagle_head_repo, local_dir=local_dir, cache_dir=cache_dir, random=random_init,
+                    seed=seed + 4, trust_pickle=trust_pickle)
     bundle = ModelBundle(
         name=name,
         target=target,

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from harness.api import ModelBundle
-from harness.models.eagle_head import build_head
+from harness.models.eagle_head import attach_head
 from harness.models.gpt import GPT, GPTConfig
 from harness.models.hub import WeightsError, dtype_of, load_strict, read_checkpoint, resolve, state_dict_of
 from harness.models.llamagen import load_vq, randomise_head, vq_config
@@ -148,10 +148,9 @@ def build(name: str = "tar", tatok_repo: str = TATOK_REPO, target_file: str = "a
     small = {**arch, **(small_arch or {})}
     target = model(target_file, target_size, 1, arch)
     if eagle_head_file:
-        head = build_head(target.gpt.cfg, target.gpt.tok_embeddings.weight, file=eagle_head_file,
-                          config_file=eagle_head_config, repo_id=eagle_head_repo, local_dir=local_dir,
-                          cache_dir=cache_dir, random=random_init, seed=seed + 5, trust_pickle=trust_pickle)
-        target.eagle_head = head.to(dtype_of(dtype))
+        attach_head(target, dtype_of(dtype), file=eagle_head_file, config_file=eagle_head_config,
+                    repo_id=eagle_head_repo, local_dir=local_dir, cache_dir=cache_dir, random=random_init,
+                    seed=seed + 5, trust_pickle=trust_pickle)
     bundle = ModelBundle(name=name, target=target,
                          drafter=model(drafter_file, drafter_size, 2, arch) if drafter_file else None,
                          small_drafter=(model(small_drafter_file, target_size, 4, small)

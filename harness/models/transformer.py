@@ -98,6 +98,28 @@ class KVCache(nn.Module):
             view[rows, dst] = view[rows, src].clone()
 
 
+def attend(q: Tensor, k: Tensor, v: Tensor, rope: Tensor | None, mask: Tensor | None,
+           slots: Tensor | None, cache: "KVCache | None") -> Tensor:
+    """Attention after the projections, shared by the GPT and the EAGLE head: q [B, T, H, hd],
+    k and v [B, T, Hkv, hd] -> [B, T, H * hd]. Rotary `rope` [B, T, hd/2, 2] or None; with `slots`
+    [B, T] the keys and values are written to `cache` and the queries read all of it through
+    `mask` [B, 1, T, S] (None: causal over T, no cache: training); grouped heads are repeated."""
+    b, t, n_head, _ = q.shape
+    if rope is not None:
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if slots is not None:
+        if cache is None:
+            raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
+        k, v = cache.write(slots, k, v)
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    if k.shape[1] != n_head:
+        k = k.repeat_interleave(n_head // k.shape[1], dim=1)
+        v = v.repeat_interleave(n_head // v.shape[1], dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    return out.transpose(1, 2).reshape(b, t, -1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -115,19 +137,7 @@ class Attention(nn.Module):
         q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
         q = q.view(b, t, self.n_head, self.head_dim)
         k, v = k.view(b, t, self.n_kv_head, self.head_dim), v.view(b, t, self.n_kv_head, self.head_dim)
-        if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if slots is not None:
-            if self.kv_cache is None:
-                raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
-            k, v = self.kv_cache.write(slots, k, v)
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        if self.n_kv_head != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(b, t, -1)))
+        return self.resid_dropout(self.wo(attend(q, k, v, rope, mask, slots, self.kv_cache)))
 
 
 class TransformerBlock(nn.Module):
