@@ -1,6 +1,6 @@
 """Acceptance rules: given the target's p and the drafts, decide which drafts are accepted and from
 which distribution a rejected position is resampled. Vectorised over batch and draft positions;
-randomness comes in as uniforms drawn from the per-image generators by the loop.
+randomness comes in as uniforms drawn from the per-image random streams by the loop.
 
 A rule sees, for one verification of L drafts:
     p       [B, L, V]  target distribution at each draft position (CFG -> temperature -> top-k ->
@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from baselines.canvas import NEIGHBOUR_METRICS, Context
+from harness.hostsync import width
 
 
 @dataclass(frozen=True)
@@ -256,8 +257,8 @@ def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, u: Tensor, limit: T
     """
     b, levels, k = u.shape
     rows = torch.arange(b, device=p.device)
-    widest = int((children >= 0).sum(-1).max()) if children.numel() else 0  # one host sync per round
-    children = children[..., :max(widest, 1)]
+    if children.numel():  # the widest sibling set: read on the CPU, all K columns elsewhere
+        children = children[..., :max(width((children >= 0).sum(-1).max(), children.shape[-1]), 1)]
     siblings = getattr(rule, "siblings", None)
     cur = torch.zeros(b, dtype=torch.long, device=p.device)
     dist = p[:, 0]

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from harness.api import Condition, ModelBundle, SamplingParams
+from harness.randomness import ImageStreams
 from baselines.neighbours import neighbour_table
 
 NEIGHBOUR_METRICS = ("raw", "normalised")
@@ -27,13 +28,13 @@ NEIGHBOUR_METRICS = ("raw", "normalised")
 @dataclass
 class Context:
     """What the pieces of one `generate` call share: models (CFG-wrapped by the harness), the
-    condition, the sampling parameters, one generator per image, the device and `refeed` (the
+    condition, the sampling parameters, the per-image random streams, the device and `refeed` (the
     most committed tokens a verification re-encodes ahead of its drafts; the scope's choice)."""
 
     models: ModelBundle
     cond: Condition
     sampling: SamplingParams
-    gens: list[torch.Generator]
+    streams: ImageStreams | None
     device: torch.device
     refeed: int = 1
     counters: dict[str, Tensor] = field(default_factory=dict)  # per-image extra statistics [B]
@@ -41,7 +42,9 @@ class Context:
 
     @property
     def batch(self) -> int:
-        return len(self.gens)
+        if self.streams is None:
+            raise RuntimeError("this Context has no random streams, so no batch size")
+        return self.streams.batch
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -5,7 +5,7 @@ per verification) and `start(ctx, canvas) -> DraftRun`, the per-call state; a so
 models binds to them first (`bind(models)`, once per generate call). A run proposes drafts for
 raster positions n_b .. n_b + L - 1 of every row (`propose`) and sees each verification's outcome
 (`observe`, called once the canvas is committed and advanced). Randomness comes only from
-`ctx.gens`, a fixed number of draws per image per step.
+`ctx.streams`, a fixed number of draws per image per step.
 
 Sources: `jacobi` (SJD: the target's own guesses from its previous forward) and `model` (a
 separate drafter at the target's resolution, gamma sequential drafter forwards). EAGLE-2's tree
@@ -148,8 +148,7 @@ class _JacobiRun(DraftRun):
         ctx, length, v = self.ctx, self.source.length, self.ctx.vocab
         slot = torch.arange(length, device=ctx.device)
         fresh = slot[None] >= carried[:, None]  # [B, L]
-        rand = torch.stack([torch.randint(v, (length,), generator=g, device=g.device) for g in ctx.gens])
-        rand = rand.to(ctx.device)
+        rand = (ctx.streams.draw((length,)) * v).long().clamp_max(v - 1)  # uniform tokens [B, L]
         uniform = torch.full((v,), 1.0 / v, device=ctx.device).expand(*rand.shape, v)
         if self.source.init == "random":
             init, init_q = rand, uniform
@@ -226,6 +225,6 @@ class _ModelRun(DraftRun):
                 position = feed_positions(n + j - 1, ctx.n_tokens)[:, None]
                 logits = self.drafter.forward(drafts[-1][:, None], position)[:, 0]
             q = probs(logits, ctx.sampling)
-            drafts.append(sample_from(q, ctx.gens))
+            drafts.append(sample_from(q, ctx.streams))
             qs.append(q)
         return Draft(tokens=torch.stack(drafts, 1), q=torch.stack(qs, 1), drafter_forwards=self.gamma)

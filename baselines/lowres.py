@@ -29,8 +29,9 @@ from torch import Tensor
 from baselines.canvas import Canvas, Context, feed_positions
 from baselines.drafts import Draft, DraftRun, DraftSource
 from baselines.upsamplers import UpSampler, ratio
-from baselines.zipar import zipar_schedule
+from baselines.zipar import zipar_steps
 from harness.api import ModelBundle
+from harness.hostsync import anything
 from harness.models.masks import attention_mask
 from harness.sampling import probs, sample_from
 
@@ -136,7 +137,7 @@ class _LowResRun(DraftRun):
         self.low = torch.zeros(ctx.batch, geo.n_low + pad, dtype=torch.long, device=ctx.device)
         self.final = torch.zeros(ctx.batch, dtype=torch.long, device=ctx.device)  # final low rows
         window = geo.low[1] if source.schedule == "serial" else source.window
-        self.steps = zipar_schedule(self.span, geo.low[1], window)
+        self.steps = zipar_steps(self.span, geo.low[1], window, "reference", ctx.device)
         self.masked = window < geo.low[1]
         self.drafted = False
 
@@ -159,7 +160,7 @@ class _LowResRun(DraftRun):
     def _absorb(self, canvas: Canvas, final: Tensor) -> None:
         """Rows that became final since the last proposal take D_r(committed high-res tokens)."""
         geo = self.geo
-        if bool((final > self.final).any()):
+        if anything(final > self.final):  # read on the CPU; elsewhere always done (masked)
             high = canvas.tokens[:, : geo.high[0] * geo.high[1]].view(-1, *geo.high)
             down = self.source.upsampler.down(high, self.ctx).flatten(1)  # [B, n_low]
             pos = torch.arange(geo.n_low, device=down.device)
@@ -173,24 +174,24 @@ class _LowResRun(DraftRun):
         base = final * cols  # first drafted low-res position [B]
         logits = self.first_logits
         refed = final > 0
-        if bool(refed.any()):
+        if anything(refed):  # read on the CPU; elsewhere always done (masked)
             width = min(self.span * cols, geo.n_low)
             index = base[:, None] - width + torch.arange(width, device=ctx.device)
             tokens = self.low.gather(1, index.clamp_min(0))
             out = self.drafter.forward(tokens, feed_positions(index, geo.n_low))[:, -1]  # predicts F*cols
             logits = torch.where(refed[:, None], out, logits)
-        self._write(base[:, None], sample_from(probs(logits, ctx.sampling)[:, None], ctx.gens))
+        self._write(base[:, None], sample_from(probs(logits, ctx.sampling)[:, None], ctx.streams))
         written = torch.zeros(self.span * cols, dtype=torch.bool, device=ctx.device)
         prefix = self.drafter.cache_len - geo.n_low
         for step in self.steps:
-            slots, sources = step.slots.to(ctx.device), step.sources.to(ctx.device)
+            slots, sources = step.slots, step.sources
             written[slots] = True
             positions = feed_positions(base[:, None] + slots, geo.n_low)
             tokens = self.low.gather(1, base[:, None] + sources)
             mask = self._mask(base, positions + prefix, written, prefix) if self.masked else None
-            out = self.drafter.forward(tokens, positions, mask)[:, step.from_input.to(ctx.device)]
-            drawn = sample_from(probs(out, ctx.sampling), ctx.gens)
-            self._write(base[:, None] + step.decoded.to(ctx.device), drawn)
+            out = self.drafter.forward(tokens, positions, mask)[:, step.from_input]
+            drawn = sample_from(probs(out, ctx.sampling), ctx.streams)
+            self._write(base[:, None] + step.decoded, drawn)
         return refed.long() + len(self.steps)
 
     def _write(self, index: Tensor, values: Tensor) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams
 from harness.sampling import sample
-from harness.seeding import make_generators
+from harness.randomness import ImageStreams
 
 
 class RasterDecoder:
@@ -24,14 +24,15 @@ class RasterDecoder:
         model = models.target
         b = cond.batch_size
         n = model.grid[0] * model.grid[1]
-        gens = make_generators(seeds, "cpu")
         model.setup_cache(b)
-        logits = model.prefill(cond)  # [B, V] for position 0
-        tokens = torch.empty(b, n, dtype=torch.long, device=logits.device)
-        positions = torch.arange(n, device=logits.device)  # sliced per step: no allocation in the loop
+        logits = model.prefill(cond)[:, None]  # [B, 1, V] for position 0
+        streams = ImageStreams(seeds, logits.device)
+        positions = torch.arange(n, device=logits.device).split(1)  # [1] views, made once
+        columns = []  # tokens [B, 1] of each position
         for i in range(n):
-            tokens[:, i] = sample(logits, self.sampling, gens).to(logits.device)
+            columns.append(sample(logits, self.sampling, streams))
             if i + 1 < n:
-                logits = model.forward(tokens[:, i : i + 1], positions[i : i + 1])[:, 0]
+                logits = model.forward(columns[-1], positions[i])  # [B, 1, V] for position i + 1
+        tokens = torch.cat(columns, 1)
         stats = [DecodeStats(target_forwards=n, tokens=n, accepted_per_step=[1] * n) for _ in range(b)]
         return Generation(tokens=tokens, stats=stats)

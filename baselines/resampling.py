@@ -21,6 +21,14 @@ Queries attend slot-causally; the two open points of the paper are options:
 `anchor` a >= 1 (an extension; baselines/pooled.py) draws each position from the target's p
 restricted to the a-neighbourhood of the token there before the redraw (the draft).
 Every image draws L uniforms per call whatever its batch, so images do not depend on the batch.
+
+Host reads (harness/hostsync.py): a `fill` reads the device once, before its forwards: how many
+forwards the batch needs and, for each, its widths (the most inputs and the most drawn positions
+of a row), one small tensor, since Python must know the loop's length and the shapes. Off the CPU
+the widths are rounded up to powers of two (at most L), so a compiled model sees few shapes; the
+padding inputs go to the scratch position N - 1 and padded draws write back the tokens already
+there, so no token changes. The island labelling (baselines/islands.py) adds one read per chunk
+of its passes. No step builds a [B, L, L] tensor.
 """
 from __future__ import annotations
 
@@ -33,23 +41,33 @@ from baselines.canvas import Canvas, Context, feed_positions
 from baselines.islands import block_islands, island_steps, serial_steps
 from baselines.pooled import anchor_table, anchored
 from baselines.scope import Resolution
+from harness import hostsync
 from harness.models.masks import attention_mask
-from harness.sampling import inverse_cdf, probs, uniforms
+from harness.sampling import inverse_cdf, probs
 
 SCHEDULES = ("serial", "parallel")
 CONTEXTS = ("visible", "masked")
 KV_MODES = ("refresh", "stale", "inline")
 
 
-def pack(selected: Tensor) -> tuple[Tensor, Tensor]:
-    """selected [B, L] bool -> (offsets [B, W] of the selected entries first, ascending; valid
-    [B, W]) with W = the largest count in the batch (>= 1)."""
+# Round forward widths up to powers of two (the same tokens either way); None: where reads are not
+# free. On the CPU exact widths are faster (a 32 x 32 random model: about 15 %).
+BUCKET: bool | None = None
+
+
+def pack(selected: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """selected [B, L] bool, width W (the largest count in the batch <= W <= L) -> (offsets [B, W]:
+    each row's selected entries first, ascending, then unselected ones as padding; valid [B, W])."""
     length = selected.shape[1]
     offsets = torch.arange(length, device=selected.device)
-    width = max(int(selected.sum(-1).max()), 1)
     key = torch.where(selected, offsets, offsets + length)  # selected first, each group in order
     order = key.argsort(-1)[:, :width]
     return order, selected.gather(1, order)
+
+
+def bucket(width: int, cap: int) -> int:
+    """The smallest power of two >= width (1 for width <= 1), at most cap."""
+    return min(1 << max(width - 1, 0).bit_length(), cap)
 
 
 class IslandResampler:
@@ -90,12 +108,18 @@ class IslandResampler:
             labels = block_islands(members, start, ctx.grid)
         else:
             steps, labels = island_steps(res.resample, res.first, start, ctx.grid, self.window)
-        u = uniforms(ctx.gens, (length,), ctx.device)  # L draws per image, used or not
+        u = ctx.streams.draw((length,))  # L draws per image, used or not
         forwards = steps.max(-1).values + 1  # [B]
         ready = self._kept_ready(steps, res) if self.kv == "inline" else None
-        for s in range(int(forwards.max())):
-            self._forward(ctx, canvas, steps, res.first, s, u, ready)
-        self._count(ctx, res, labels, forwards)
+        plan = torch.cat([forwards.max().view(1), self._widths(steps, res.first, ready).flatten()])
+        count, *widths = plan.tolist()  # the fill's one host read
+        rounded = not hostsync.reads_are_free(start.device) if BUCKET is None else BUCKET
+        for s in range(count):
+            feed, drawn = widths[s], widths[length + s]
+            if rounded:
+                feed, drawn = bucket(feed, length), bucket(drawn, length)
+            self._forward(ctx, canvas, steps, res.first, s, u, (feed, drawn), ready)
+        self._count(ctx, res, labels, forwards, start)
         return replace(res, kv_valid=self._kv_valid(res, steps, forwards, ready)), forwards
 
     @staticmethod
@@ -108,10 +132,34 @@ class IslandResampler:
         kept = res.keep & (offsets[None] > res.first[:, None])
         return torch.where(kept, before + 1, -1)
 
+    @staticmethod
+    def _widths(steps: Tensor, first: Tensor, ready: Tensor | None) -> Tensor:
+        """steps [B, L], first [B], ready [B, L] or None -> [2, L] int64: for each step s < L, the
+        most inputs and the most drawn positions of a row in its forward (_forward), at least 1."""
+        b, length = steps.shape
+        offsets = torch.arange(length, device=steps.device)
+        none = torch.full_like(steps, -1)
+        # the steps in which offset o is an input: the one after it is drawn, step 0 for t0, its
+        # turn as a kept draft (kv "inline"), and the one drawing o + 1 (o's output predicts it)
+        fed = torch.stack([torch.where(steps >= 0, steps + 1, -1),
+                           torch.where(offsets[None] == first[:, None], 0, -1),
+                           none if ready is None else ready,
+                           torch.cat([steps[:, 1:], none[:, :1]], 1)], -1).sort(-1).values  # [B, L, 4]
+        repeat = torch.zeros_like(fed, dtype=torch.bool)
+        repeat[..., 1:] = fed[..., 1:] == fed[..., :-1]  # fed twice in one step: one input
+        fed = torch.where(repeat, -1, fed).view(b, -1) + 1  # column 0 collects "not fed"
+        # steps reach L - 1, so a fed step reaches L: columns 1 .. L + 1
+        inputs = torch.zeros(b, length + 2, dtype=torch.long, device=steps.device)
+        inputs.scatter_add_(1, fed, torch.ones_like(fed))
+        drawn = torch.zeros(b, length + 1, dtype=torch.long, device=steps.device)
+        drawn.scatter_add_(1, steps + 1, torch.ones_like(steps))
+        return torch.stack([inputs[:, 1:length + 1], drawn[:, 1:]]).max(1).values.clamp_min(1)
+
     def _forward(self, ctx: Context, canvas: Canvas, steps: Tensor, first: Tensor, s: int, u: Tensor,
-                 ready: Tensor | None = None) -> None:
-        """One target forward: draw every offset of step s (steps [B, L]) into the canvas; with
-        `ready` [B, L] (kv "inline") also re-feed the kept drafts whose turn is step s."""
+                 widths: tuple[int, int], ready: Tensor | None = None) -> None:
+        """One target forward: draw every offset of step s (steps [B, L]) into the canvas, with
+        widths (inputs, drawn positions) no smaller than the batch needs (padding is harmless);
+        with `ready` [B, L] (kv "inline") also re-feed the kept drafts whose turn is step s."""
         start, (b, length) = canvas.frontier, steps.shape
         offsets = torch.arange(length, device=start.device)
         fresh = (steps == s - 1) if s else (offsets[None] == first[:, None])
@@ -119,7 +167,7 @@ class IslandResampler:
             fresh = fresh | (ready == s)
         drawn = steps == s
         queries = torch.cat([drawn[:, 1:], torch.zeros_like(drawn[:, :1])], 1)  # offset o predicts o + 1
-        feed, feed_ok = pack(fresh | queries)
+        feed, feed_ok = pack(fresh | queries, widths[0])
         index = start[:, None] + feed
         tokens = canvas.tokens.gather(1, index)
         positions = torch.where(feed_ok, feed_positions(index, ctx.n_tokens), ctx.n_tokens - 1)
@@ -128,7 +176,7 @@ class IslandResampler:
         slot_of = torch.zeros(b, length + 1, dtype=torch.long, device=start.device)  # offset -> input
         inputs = torch.arange(feed.shape[1], device=start.device).expand(b, -1)
         slot_of.scatter_(1, torch.where(feed_ok, feed, length), inputs)
-        out, out_ok = pack(drawn)
+        out, out_ok = pack(drawn, widths[1])
         source = slot_of.gather(1, (out - 1).clamp_min(0))
         picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
         where = start[:, None] + out
@@ -167,14 +215,18 @@ class IslandResampler:
         return torch.minimum(earliest, (res.advance - 1).clamp_min(0))
 
     @staticmethod
-    def _count(ctx: Context, res: Resolution, labels: Tensor, forwards: Tensor) -> None:
-        """Per-image statistics: verifications, resample forwards, islands and their sizes."""
+    def _count(ctx: Context, res: Resolution, labels: Tensor, forwards: Tensor, start: Tensor) -> None:
+        """Per-image statistics: verifications, resample forwards, islands and their sizes.
+        labels [B, L] (block_islands), start [B]: an island's label is start + the offset of its
+        first member, so islands are counted and sized by that offset (O(B * L))."""
+        b, length = labels.shape
         members = labels >= 0  # R_X with t0
-        offsets = torch.arange(labels.shape[1], device=labels.device)
-        same = (labels[:, :, None] == labels[:, None, :]) & members[:, :, None] & members[:, None, :]
-        roots = members & ~(same & (offsets[None, None, :] < offsets[None, :, None])).any(-1)
+        offsets = torch.arange(length, device=labels.device)
+        first = torch.where(members, labels - start[:, None], length)  # non-members: column L
+        sizes = torch.zeros(b, length + 1, dtype=torch.long, device=labels.device)
+        sizes.scatter_add_(1, first, torch.ones_like(first))
         ctx.count("verify_forwards", (res.advance > 0).long())
         ctx.count("resample_forwards", forwards)
         ctx.count("resample_set", members.sum(-1))
-        ctx.count("islands", roots.sum(-1))
-        ctx.count("island_size_max", same.sum(-1).max(-1).values, reduce="max")
+        ctx.count("islands", (members & (first == offsets[None])).sum(-1))
+        ctx.count("island_size_max", sizes[:, :length].max(-1).values, reduce="max")

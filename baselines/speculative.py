@@ -33,8 +33,9 @@ from baselines.drafts import Draft, DraftRun, DraftSource, Outcome
 from baselines.recorder import StatsRecorder
 from baselines.scope import RasterScope, RejectionScope, Resampler, Resolution
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
-from harness.sampling import probs, sample, sample_from, uniforms
-from harness.seeding import make_generators
+from harness.hostsync import Running
+from harness.randomness import ImageStreams
+from harness.sampling import probs, sample, sample_from
 
 
 class SpeculativeDecoder:
@@ -68,21 +69,22 @@ class SpeculativeDecoder:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
         target = models.target
         draft, scope = self._bound(models)
-        gens = make_generators(seeds, "cpu")
-        target.setup_cache(len(gens))
+        target.setup_cache(len(seeds))
         logits = target.prefill(cond)  # [B, V]: position 0
-        ctx = Context(models=models, cond=cond, sampling=self.sampling, gens=gens, device=logits.device,
+        streams = ImageStreams(seeds, logits.device)
+        ctx = Context(models=models, cond=cond, sampling=self.sampling, streams=streams, device=logits.device,
                       refeed=scope.refeed)
         n = ctx.n_tokens
         canvas = Canvas.empty(ctx.batch, n, pad=draft.length + scope.refeed + 1, device=ctx.device)
-        canvas.tokens[:, 0] = sample(logits, self.sampling, gens).to(ctx.device)
+        canvas.tokens[:, 0] = sample(logits, self.sampling, streams)
         canvas.frontier.fill_(1)
         rec = StatsRecorder(ctx.batch, ctx.grid, ctx.device)
         rec.forward(torch.ones_like(canvas.active), torch.ones_like(canvas.frontier))  # the prefill
         run = draft.start(ctx, canvas)
         rec.add_drafter(run.prefill_forwards)
         verified: Tensor | None = None  # the scope's per-row round counts (Resolution.verified)
-        while bool(canvas.active.any()):  # the one host sync per step
+        running = Running(ctx.device)  # the loop's one host read per step (harness/hostsync.py)
+        while running(canvas.active):
             verified = self._step(ctx, canvas, run, rec, scope, verified)
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
@@ -110,7 +112,7 @@ class SpeculativeDecoder:
         canvas.write(start, draft.tokens)
         p = self._verify(ctx, canvas, draft, scope.refeed)  # [B, L+1, V]
         length = draft.tokens.shape[1]
-        u = uniforms(ctx.gens, (length,), ctx.device)
+        u = ctx.streams.draw((length,))
         verdict = self.accept.decide(p[:, :length], draft.q, draft.tokens, u, ctx)
         res = scope.resolve(verdict.accept, remaining, ctx.grid, verified)
         samples = self._sample(ctx, p, verdict.residual, res.first)
@@ -148,7 +150,7 @@ class SpeculativeDecoder:
         length = residual.shape[1]
         at_first = torch.arange(length + 1, device=first.device)[None] == first[:, None]
         dist = torch.where(at_first[..., None], torch.cat([residual, p[:, length:]], 1), p)
-        return sample_from(dist, ctx.gens)
+        return sample_from(dist, ctx.streams)
 
     @staticmethod
     def _record(rec: StatsRecorder, active: Tensor, start: Tensor, draft: Draft, res: Resolution,

@@ -36,8 +36,9 @@ from baselines.draft_tree import tree_attention
 from baselines.eagle import EagleDraft
 from baselines.recorder import StatsRecorder
 from harness.api import ConfigValueError, Condition, Generation, ModelBundle, SamplingParams
-from harness.sampling import inverse_cdf, probs, sample, uniforms
-from harness.seeding import make_generators
+from harness.hostsync import Running
+from harness.randomness import ImageStreams
+from harness.sampling import inverse_cdf, probs, sample
 
 
 class TreeDecoder:
@@ -70,8 +71,7 @@ class TreeDecoder:
                 raise ConfigValueError(f"model {models.name!r}: its target ({type(target).__name__}) has no "
                                        f"`{need}`; draft trees need a GPT-based target (TokenImageModel)")
         opts = self.draft.options
-        gens = make_generators(seeds, "cpu")
-        b, m, levels, k = len(gens), opts.nodes, opts.levels, opts.top_k
+        b, m, levels, k = len(seeds), opts.nodes, opts.levels, opts.top_k
         rows, cols = target.grid
         n_tokens = rows * cols
         seq = int(target.cache_len)  # S: prefix + image slots; scratch slots follow
@@ -79,10 +79,11 @@ class TreeDecoder:
         target.setup_cache(b, scratch=m)
         logits = target.prefill(cond)  # [B, V]: position 0
         device = logits.device
-        ctx = Context(models=models, cond=cond, sampling=self.sampling, gens=gens, device=device)
+        streams = ImageStreams(seeds, device)
+        ctx = Context(models=models, cond=cond, sampling=self.sampling, streams=streams, device=device)
         run = self.draft.start(target, models.eagle_head, self.sampling, models.name)
         tokens = torch.zeros(b, n_tokens + levels + 1, dtype=torch.long, device=device)
-        tokens[:, 0] = sample(logits, self.sampling, gens).to(device)
+        tokens[:, 0] = sample(logits, self.sampling, streams)
         root = torch.zeros(b, dtype=torch.long, device=device)  # image position of the root
         ids = torch.zeros(b, prefix, dtype=torch.long, device=device)  # caption slots pair with token 0
         ids[:, -1] = tokens[:, 0]
@@ -91,7 +92,8 @@ class TreeDecoder:
         rec.forward(torch.ones(b, dtype=torch.bool, device=device), torch.ones_like(root))  # the prefill
         step = torch.arange(levels, device=device)
         scratch = seq + torch.arange(m, device=device)
-        while bool((root < n_tokens - 1).any()):  # the one host sync per round (and accept_tree's)
+        running = Running(device)  # the loop's one host read per round (harness/hostsync.py)
+        while running(root < n_tokens - 1):
             active = root < n_tokens - 1
             remaining = (n_tokens - 1 - root).clamp_min(0)  # positions after the root
             tree = run.expand(root)
@@ -101,7 +103,7 @@ class TreeDecoder:
             mask = tree_attention(tree.ancestry, prefix + root, seq, seq + m)
             p = probs(target.forward(block, positions, mask, slots=write), self.sampling)  # [B, 1+m, V]
             hidden = target.hidden  # [R, 1+m, dim]
-            u = uniforms(gens, (levels * k + 1,), device)
+            u = streams.draw((levels * k + 1,))
             verdict = accept_tree(p, tree.children, block, u[:, :-1].reshape(b, levels, k), remaining,
                                   self.accept, ctx)
             a = torch.where(active, verdict.accepted, torch.zeros_like(root))

@@ -31,7 +31,7 @@ from baselines.recorder import StatsRecorder
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
 from harness.models.masks import attention_mask
 from harness.sampling import sample
-from harness.seeding import make_generators
+from harness.randomness import ImageStreams
 
 MASKS = ("written", "causal")
 STAND_INS = ("reference", "above")
@@ -87,8 +87,9 @@ def zipar_schedule(rows: int, cols: int, window: int, stand_in: str = "reference
 
 
 @functools.lru_cache(maxsize=64)
-def _on_device(rows: int, cols: int, window: int, stand_in: str, device: torch.device) -> tuple[ZipStep, ...]:
-    """The schedule's index tensors on `device`, copied once (not one host copy per forward)."""
+def zipar_steps(rows: int, cols: int, window: int, stand_in: str, device: torch.device) -> tuple[ZipStep, ...]:
+    """`zipar_schedule` with its index tensors on `device`, copied once (not one host-to-device copy
+    per forward; the low-resolution drafter of baselines/lowres.py reads it too)."""
     return tuple(ZipStep(*(t.to(device) for t in (s.slots, s.sources, s.decoded, s.from_input)))
                  for s in zipar_schedule(rows, cols, window, stand_in))
 
@@ -127,25 +128,25 @@ class ZipARDecoder:
         model = models.target
         rows, cols = model.grid
         n = rows * cols
-        gens = make_generators(seeds, "cpu")
-        b = len(gens)
+        b = len(seeds)
         model.setup_cache(b)
         logits = model.prefill(cond)
         device = logits.device
+        streams = ImageStreams(seeds, device)
         tokens = torch.zeros(b, n, dtype=torch.long, device=device)
-        tokens[:, 0] = sample(logits, self.sampling, gens).to(device)
+        tokens[:, 0] = sample(logits, self.sampling, streams)
         rec = StatsRecorder(b, (rows, cols), device)
         everyone = torch.ones(b, dtype=torch.bool, device=device)
         rec.forward(everyone, torch.ones(b, dtype=torch.long, device=device))
         written = torch.zeros(model.cache_len, dtype=torch.bool, device=device)
         prefix = model.cache_len - n
         written[:prefix] = True
-        for step in _on_device(rows, cols, self.window, self.stand_in, device):
+        for step in zipar_steps(rows, cols, self.window, self.stand_in, device):
             written[prefix + step.slots] = True
             mask = None if self.mask == "causal" else self._mask(written, prefix + step.slots, b)
             out = model.forward(tokens[:, step.sources], step.slots, mask)  # [B, T, V]
             picked = out[:, step.from_input]  # [B, D, V]
-            tokens[:, step.decoded] = sample(picked, self.sampling, gens).to(device)
+            tokens[:, step.decoded] = sample(picked, self.sampling, streams)
             rec.forward(everyone, torch.full((b,), len(step.decoded), dtype=torch.long, device=device))
         return Generation(tokens=tokens, stats=rec.finish(with_drafts=False))
 

@@ -34,7 +34,7 @@ DIAGNOSES = {  # config name -> (row label, overrides of MuLo-SD, oracle drafter
 def low_view(decoder: Any, models: ModelBundle, high: torch.Tensor) -> torch.Tensor:
     """D_r with the decoder's own down-sampler: high-res tokens [B, N] -> low-res [B, n_low]."""
     draft = decoder.draft.bind(models)
-    ctx = Context(models=models, cond=None, sampling=decoder.sampling, gens=[],  # type: ignore[arg-type]
+    ctx = Context(models=models, cond=None, sampling=decoder.sampling, streams=None,
                   device=high.device)
     return draft.upsampler.down(high.view(-1, *models.target.grid), ctx).flatten(1)
 

@@ -9,7 +9,7 @@ Per decoder: images/s of the decode stage (batch / median decode latency), its t
 the bare loop (bare's speed-up over raster, with its interval, gives RasterDecoder / bare), and the
 end-to-end latency (condition + decode + tokens to pixels, the speed evaluator's end_to_end_s).
 Writing PNGs into the SampleSet is not timed. Both decoders make the same images (one cached
-forward per token, the same per-image generators and sampler); the script checks it.
+forward per token, the same per-image random streams and sampler); the script checks it.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import compose_config, header, out_dir, quiet, run_job, value  # noqa: E402
 from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams  # noqa: E402
 from harness.sampling import sample  # noqa: E402
-from harness.seeding import make_generators  # noqa: E402
+from harness.randomness import ImageStreams  # noqa: E402
 
 
 class BareLoop:
@@ -39,12 +39,12 @@ class BareLoop:
         """tokens [B, rows * cols] in raster order."""
         model = models.target
         n = model.grid[0] * model.grid[1]
-        gens = make_generators(list(seeds), model.device)
+        streams = ImageStreams(list(seeds), model.device)
         model.setup_cache(len(seeds))
         logits = model.prefill(cond)
         tokens = []
         for i in range(n):
-            tokens.append(sample(logits, self.sampling, gens))
+            tokens.append(sample(logits, self.sampling, streams))
             if i + 1 < n:
                 logits = model.forward(tokens[-1][:, None], torch.tensor([i], device=model.device))[:, 0]
         stats = [DecodeStats(target_forwards=n, tokens=n) for _ in seeds]

@@ -100,7 +100,7 @@ def upsampler_rows(bundle: ModelBundle, prompts: Sequence[Prompt], low: torch.Te
                    ) -> dict[str, dict[str, float]]:
     """Drafter tokens low [N, n_low] -> {up-sampler: GenEval overall of the up-sampled draft and
     its rejected shares}; learned up-samplers without weights for this grid are skipped."""
-    ctx = Context(models=bundle, cond=None, sampling=SamplingParams(cfg_scale=cfg), gens=[],  # type: ignore[arg-type]
+    ctx = Context(models=bundle, cond=None, sampling=SamplingParams(cfg_scale=cfg), streams=None,
                   device=torch.device("cpu"))
     rows = {}
     for name, keys in UPSAMPLERS.items():

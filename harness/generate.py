@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 from tqdm.auto import tqdm
 
+from harness import engine
 from harness.api import ConfigValueError, Decoder, ModelBundle
 from harness.preflight import budget
 from harness.samples import SampleSet, SampleSpec
@@ -239,6 +240,7 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
                 _, _, (_, decode, _) = _decode(job, batch, watch)
                 if index == 0 and number == warmup_batches - 1:  # the first decoder, warmed up
                     log.info("%s", budget(decode.wall_s / len(batch), len(specs), len(jobs), device.type))
+    shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
     run_token = uuid.uuid4().hex[:8]  # batch ids stay distinct across resumed runs
     open_batches: dict[tuple[str, int], _Batch] = {}
     for name, b, r in tqdm(steps, desc="timed decodes", unit="decode", disable=None):
@@ -260,6 +262,10 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
         if r == timing.reps - 1:
             _write_timed(job, batch, open_batches.pop((name, b)), f"{run_token}-{b}")
             made[name] += len(batch)
+    if steps and engine.compiled_shapes() > shapes_before:
+        log.warning("engine=compiled: %d forward shape(s) were first compiled inside timed decodes (the "
+                    "warm-up did not meet them); those decodes include compile time: raise warmup_batches",
+                    engine.compiled_shapes() - shapes_before)
     for job in jobs:
         for u, batch in enumerate(tqdm(untimed[job.name], desc=f"untimed {job.name}", unit="batch", disable=None)):
             if device.type == "cuda":

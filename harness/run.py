@@ -21,7 +21,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from harness import preflight, provenance, results
+from harness import engine, preflight, provenance, results
 from harness.results import paired_difference
 from harness.api import (INTERVAL_COLUMNS, ConfigValueError, Decoder, Evaluator, InputError, ModelBundle,
                          SamplingParams, checked_number)
@@ -110,6 +110,8 @@ def check_config(cfg: DictConfig) -> None:
             checked_number(key, cfg.get(key), integer=True, low=1)
     checked_number("dataset_start", cfg.get("dataset_start") or 0, integer=True, low=0)
     _timing(cfg)
+    if cfg.get("engine", "eager") not in engine.ENGINES:
+        raise ConfigValueError(f"engine must be one of {engine.ENGINES}, got {cfg.get('engine')!r}")
     if not isinstance(cfg.device, str):
         raise ConfigValueError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     stages = list(cfg.get("stages") or [])
@@ -138,6 +140,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = _device(cfg.device)
+    engine.check(str(cfg.get("engine") or "eager"), device)
     jobs_plan = preflight.check(cfg)  # incompatible decoders / evaluators, missing weights: before anything
     decoders = {n: node for n, node in _decoders(cfg).items() if n in jobs_plan.decoders}
     if not decoders:
@@ -169,6 +172,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         bundle = _build(cfg.model, drop=("name", "sampling"))
         weights = _weights_id(bundle)
         bundle = bundle.to(device)
+        engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
         bundle.name = str(cfg.model.get("name", bundle.name))
         jobs = []
         for name, dec_cfg in decoders.items():  # every set bound before anything is generated
@@ -312,7 +316,7 @@ def _writable(folder: Path, what: str) -> None:
 
 def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
     cols = {"experiment": cfg.name, "model": cfg.model.get("name", "model"), "decoder": decoder,
-            "dataset": cfg.dataset.get("name", "dataset")}
+            "dataset": cfg.dataset.get("name", "dataset"), "engine": str(cfg.get("engine") or "eager")}
     for key in cfg.get("swept_keys") or []:
         cols[str(key)] = OmegaConf.select(cfg, str(key))
     return cols

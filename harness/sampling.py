@@ -1,22 +1,22 @@
 """From logits to tokens. p is always computed the same way, for every decoder and drafter:
 (CFG-mixed) logits -> temperature -> top-k -> top-p -> softmax. Randomness comes only from the
-per-image generators, so an image never depends on its batch."""
+per-image streams (harness/randomness.py), so an image never depends on its batch."""
 from __future__ import annotations
-
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from harness.api import SamplingParams
+from harness.randomness import ImageStreams
 
 
 def filter_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     """logits [..., V] -> temperature-scaled logits with top-k / top-p exclusions set to -inf."""
-    x = logits.float()
+    x = logits if logits.dtype == torch.float32 else logits.float()
     if params.greedy:
         return x
-    x = x / params.temperature
+    if params.temperature != 1.0:
+        x = x / params.temperature
     if params.top_k is not None and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -38,31 +38,23 @@ def probs(logits: Tensor, params: SamplingParams) -> Tensor:
     return filter_logits(logits, params).softmax(-1)
 
 
-def uniforms(generators: Sequence[torch.Generator], shape: tuple[int, ...], device: torch.device) -> Tensor:
-    """One draw of `shape` uniforms per image -> [B, *shape], each row from its own generator."""
-    rows = [torch.rand(shape, generator=g, device=g.device) for g in generators]
-    return torch.stack(rows).to(device)
-
-
 def inverse_cdf(p: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF sampling with given uniforms: p [..., V], u [...] in [0, 1) -> tokens [...]
     int64: the first token whose cumulative mass exceeds u (scaled to the row total, which guards
     against rounding; the clamp keeps u * total == total on the last token)."""
     cdf = p.cumsum(-1)
-    scaled = (u * cdf[..., -1]).contiguous()[..., None]
+    scaled = u[..., None] * cdf[..., -1:]  # [..., 1]
     return torch.searchsorted(cdf, scaled, right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)
 
 
-def sample_from(p: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
-    """p [B, T, V] (or [B, V]) -> tokens [B, T] (or [B]) by inverse-CDF with per-row uniforms."""
-    squeeze = p.dim() == 2
-    p3 = p[:, None] if squeeze else p
-    tok = inverse_cdf(p3, uniforms(generators, (p3.shape[1],), p3.device))  # [B, T]
-    return tok[:, 0] if squeeze else tok
+def sample_from(p: Tensor, streams: ImageStreams) -> Tensor:
+    """p [B, T, V] (or [B, V]) -> tokens [B, T] (or [B]) by inverse-CDF with T uniforms per image."""
+    u = streams.draw(tuple(p.shape[1:-1]))  # [B] or [B, T]
+    return inverse_cdf(p, u if u.device == p.device else u.to(p.device))
 
 
-def sample(logits: Tensor, params: SamplingParams, generators: Sequence[torch.Generator]) -> Tensor:
-    """logits [B, V] or [B, T, V] -> tokens, greedy when temperature is 0."""
+def sample(logits: Tensor, params: SamplingParams, streams: ImageStreams) -> Tensor:
+    """logits [B, V] or [B, T, V] -> tokens, greedy when temperature is 0 (no uniforms drawn)."""
     if params.greedy:
         return logits.argmax(-1)
-    return sample_from(probs(logits, params), generators)
+    return sample_from(probs(logits, params), streams)

@@ -1,4 +1,5 @@
-"""Per-image seeds: every image gets its own seed and its own `torch.Generator`.
+"""Per-image seeds: every image gets its own seed, which keys its random stream
+(harness/randomness.py).
 
 A seed is a stable hash of (global seed, prompt id, image index), so an image never depends on the
 batch size, the shard layout, the process (no `hash()`, whose salt changes per process) or on what
@@ -8,9 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import numbers
-from typing import Sequence
-
-import torch
 
 SEED_BITS = 63  # non-negative and fits int64 (pandas / CSV columns)
 _SEED_MASK = (1 << SEED_BITS) - 1
@@ -38,30 +36,6 @@ def image_seed(global_seed: int, prompt_id: str, image_index: int) -> int:
     key = f"{int(global_seed)}:{int(image_index)}:{prompt_id}".encode("utf-8")
     digest = hashlib.blake2b(key, digest_size=8, person=_PERSON).digest()
     return int.from_bytes(digest, "big") & _SEED_MASK
-
-
-def make_generators(
-    seeds: Sequence[int], device: torch.device | str = "cpu"
-) -> list[torch.Generator]:
-    """Return one freshly seeded generator per image.
-
-    Args:
-        seeds: per-image seeds [B], e.g. from `image_seed`.
-        device: device the generators draw on (must match the tensors they sample).
-
-    Returns:
-        B independent `torch.Generator`s, generator b seeded with seeds[b].
-    """
-    generators = []
-    for seed in seeds:
-        if not _is_int(seed) or not 0 <= seed <= _SEED_MASK:
-            raise ValueError(
-                f"seed must be an int in [0, 2**{SEED_BITS}), got {seed!r}; use image_seed()"
-            )
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(seed))
-        generators.append(generator)
-    return generators
 
 
 def _is_int(value: object) -> bool:

@@ -8,6 +8,7 @@ from harness.api import SamplingParams
 from harness.datasets.prompts import shapes
 from harness.models.random_init import build
 from harness.run import guided
+from harness.randomness import ImageStreams
 from harness.samples import plan
 from harness.sampling import probs, sample
 
@@ -59,6 +60,6 @@ def test_sampling_filters() -> None:
     assert (p[0, 1:] == 0).all(), "the top token alone holds > 50% of the mass"
     p = probs(logits, SamplingParams(temperature=0.0))
     assert p[0, 0] == 1
-    gens = [torch.Generator().manual_seed(0)]
-    draws = torch.stack([sample(logits, SamplingParams(top_k=3), gens) for _ in range(300)])
+    streams = ImageStreams([0])
+    draws = torch.stack([sample(logits, SamplingParams(top_k=3), streams) for _ in range(300)])
     assert set(draws.flatten().tolist()) == {0, 1, 2}

@@ -24,7 +24,7 @@ from harness.samples import (
     plan,
     sample_id_for,
 )
-from harness.seeding import image_seed, make_generators
+from harness.seeding import image_seed
 
 
 def _prompts(n: int) -> list[Prompt]:
@@ -81,17 +81,6 @@ def test_image_seeds_are_distinct() -> None:
 def test_image_seed_rejects_bad_input(args: tuple) -> None:
     with pytest.raises((TypeError, ValueError)):
         image_seed(*args)
-
-
-def test_generators_do_not_depend_on_batch_or_history() -> None:
-    seeds = [image_seed(0, f"p/{i}", 0) for i in range(3)]
-    batched = make_generators(seeds, "cpu")
-    draws = [torch.rand(5, generator=g) for g in batched]
-    alone = make_generators([seeds[2]], torch.device("cpu"))[0]
-    assert torch.equal(draws[2], torch.rand(5, generator=alone))
-    assert not torch.equal(draws[0], draws[1])
-    with pytest.raises(ValueError, match="seed"):
-        make_generators([-1])
 
 
 # --- planning ----------------------------------------------------------------------------------

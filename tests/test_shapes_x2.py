@@ -146,7 +146,7 @@ def test_learned_upsampler_takes_the_weights_trained_for_the_targets_grid(object
 
     for world, grid in (("x1", (16, 16)), ("x2", (32, 32))):
         bundle = load(world=world, small_drafter=False)
-        ctx = Context(models=bundle, cond=None, sampling=SamplingParams(), gens=[],  # type: ignore[arg-type]
+        ctx = Context(models=bundle, cond=None, sampling=SamplingParams(), streams=None,
                       device=torch.device("cpu"))
         up = LearnedUpsampler("shipped", objective)
         assert up.module(ctx).grid == grid
@@ -161,4 +161,4 @@ def test_learned_upsampler_takes_the_weights_trained_for_the_targets_grid(object
         tiny = load(world="x1", small_drafter=False)
         tiny.target.grid = (8, 8)  # a target no up-sampler was trained for
         LearnedUpsampler("shipped", objective).module(Context(models=tiny, cond=None, sampling=SamplingParams(),
-                                                               gens=[], device=torch.device("cpu")))  # type: ignore[arg-type]
+                                                               streams=None, device=torch.device("cpu")))

@@ -18,8 +18,8 @@ from harness.models.masks import attention_mask, hide
 from harness.models.random_init import build
 from harness.models.replay import ReplayModel
 from harness.models.wrapper import forwarded
-from harness.sampling import inverse_cdf, sample_from, uniforms
-from harness.seeding import make_generators
+from harness.randomness import ImageStreams
+from harness.sampling import inverse_cdf, sample_from
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 S = 12  # cache slots
@@ -86,9 +86,9 @@ def test_inverse_cdf_picks_the_first_token_whose_mass_exceeds_u() -> None:
 
 def test_sample_from_is_inverse_cdf_with_the_images_uniforms() -> None:
     p = torch.softmax(torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(1)), -1)
-    u = uniforms(make_generators([4, 5, 6], "cpu"), (5,), p.device)
-    assert torch.equal(sample_from(p, make_generators([4, 5, 6], "cpu")), inverse_cdf(p, u))
-    first = sample_from(p[:, 0], make_generators([4, 5, 6], "cpu"))
+    u = ImageStreams([4, 5, 6]).draw((5,))
+    assert torch.equal(sample_from(p, ImageStreams([4, 5, 6])), inverse_cdf(p, u))
+    first = sample_from(p[:, 0], ImageStreams([4, 5, 6]))
     assert torch.equal(first, inverse_cdf(p[:, :1], u[:, :1])[:, 0])
 
 

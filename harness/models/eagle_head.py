@@ -177,10 +177,12 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([HeadLayer(cfg)])
 
     def setup_cache(self, rows: int, slots: int, dtype: torch.dtype | None = None) -> None:
-        """A zeroed static cache of `slots` slots for `rows` rows (the target's rows: 2B with CFG)."""
+        """A zeroed static cache of `slots` slots for `rows` rows (the target's rows: 2B with CFG),
+        reused across calls of one shape."""
         w = self.fc.weight
         att = self.layers[0].self_attn
-        att.kv_cache = KVCache(rows, att.n_kv_head, slots, att.head_dim, dtype or w.dtype, w.device)
+        att.kv_cache = KVCache.reuse(att.kv_cache, rows, att.n_kv_head, slots, att.head_dim, dtype or w.dtype,
+                                     w.device)
 
     def forward(self, features: Tensor, tokens: Tensor, seq_slots: Tensor, positional: Positional,
                 mask: Tensor | None = None, write: Tensor | None = None) -> Tensor:

@@ -129,6 +129,9 @@ class GPT(nn.Module):
         self.token_bias: Tensor | None = None  # [B, 1, dim] `_token_bias` of the cached rows
         self.scratch = 0  # cache slots after `slots` (draft-tree nodes; setup_cache)
         self.last_hidden: Tensor | None = None  # [B, T, dim] after the final norm, last forward
+        self.causal: Tensor | None = None  # [S, S] bool slot-causal rows of the cache (setup_cache)
+        self._stack = self._run_layers  # the cached forward's layers; `compile` replaces it
+        self.compiled = False
         for m in self.modules():  # LlamaGen's init: N(0, 0.02) weights, a zero output head
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
@@ -209,13 +212,36 @@ class GPT(nn.Module):
         """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] (None: causal, no cache) -> logits
         [B, T, V]; with `cache`, keys/values go to cache slots `write` [B, T] (default: `slots`).
         Keeps the hidden states after the final norm in `last_hidden`."""
+        write = slots if write is None else write
+        if cache:
+            logits, self.last_hidden = self._stack(h, slots, mask, write)
+            return logits
+        logits, self.last_hidden = self._run_layers(h, slots, mask, None)
+        return logits
+
+    def _run_layers(self, h: Tensor, slots: Tensor, mask: Tensor | None,
+                    write: Tensor | None) -> tuple[Tensor, Tensor]:
+        """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] or None, cache slots write [B, T]
+        or None (no cache) -> (float logits [B, T, V], hidden states after the final norm)."""
         h, rope = self._positional(h, slots)
         mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]: every head
-        write = slots if write is None else write
         for layer in self.layers:
-            h = layer(h, rope, mask, write if cache else None)
-        self.last_hidden = self.norm(h)
-        return self.output(self.last_hidden).float()
+            h = layer(h, rope, mask, write)
+        hidden = self.norm(h)
+        return self.output(hidden).float(), hidden
+
+    def compile(self, mode: str | None = None) -> None:  # type: ignore[override]
+        """Compile the cached forward's layers (`torch.compile`, one graph per input shape;
+        `mode="reduce-overhead"` captures CUDA graphs). Training forwards stay eager."""
+        compiled = torch.compile(self._run_layers, mode=mode, dynamic=False)
+        if mode == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
+            def stack(*args: Tensor | None) -> tuple[Tensor, Tensor]:
+                logits, hidden = compiled(*args)
+                return logits.clone(), hidden.clone()
+            self._stack = stack
+        else:
+            self._stack = compiled
+        self.compiled = True
 
     def _mask_prefix(self, mask: Tensor, slots: Tensor, keep: Tensor) -> Tensor:
         """mask [B, T, S], query slots [B, T], keep [B, P] -> mask with padded prefix columns
@@ -240,16 +266,20 @@ class GPT(nn.Module):
 
     # ---------------------------------------------------------------- cached inference
     def setup_cache(self, batch_size: int, dtype: torch.dtype | None = None, scratch: int = 0) -> None:
-        """Allocate a zeroed static cache for `batch_size` rows, all `slots` and `scratch` more
-        slots after them (draft-tree nodes: `forward_cached(..., slots=)`)."""
+        """A zeroed static cache for `batch_size` rows, all `slots` and `scratch` more slots after
+        them (draft-tree nodes: `forward_cached(..., slots=)`); allocated once per shape and reused
+        (KVCache.reuse), like the slot-causal mask table `causal` [S, S] it indexes by slot."""
         if int(scratch) != scratch or scratch < 0:
             raise ValueError(f"scratch slots must be an integer >= 0, got {scratch!r}")
         w = self.output.weight
         self.scratch = int(scratch)
         for layer in self.layers:
             att = layer.attention
-            att.kv_cache = KVCache(batch_size, att.n_kv_head, self.cache_slots, att.head_dim,
-                                   dtype or w.dtype, w.device)
+            att.kv_cache = KVCache.reuse(att.kv_cache, batch_size, att.n_kv_head, self.cache_slots,
+                                         att.head_dim, dtype or w.dtype, w.device)
+        if self.causal is None or self.causal.shape[0] != self.cache_slots or self.causal.device != w.device:
+            with torch.inference_mode(False):
+                self.causal = attention_mask(torch.arange(self.cache_slots, device=w.device), self.cache_slots)
         self.prefix_keep = self.token_bias = self.last_hidden = None
 
     def prefill(self, cond: TextCondition, prefix_mask: Tensor | None = None) -> Tensor:
@@ -262,7 +292,7 @@ class GPT(nn.Module):
         self.token_bias = self._token_bias(feats)
         self.prefix_keep = None if prefix_mask is None else prefix_mask.to(x.device, torch.bool)
         slots = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        return self._cached(x, slots, attention_mask(slots, self.cache_slots))[:, -1]
+        return self._cached(x, slots, self._causal_rows(slots))[:, -1]
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
                        slots: Tensor | None = None) -> Tensor:
@@ -274,10 +304,16 @@ class GPT(nn.Module):
         seq = positions.to(tokens.device).expand(b, -1) + self.cfg.prefix_len
         write = seq if slots is None else slots.to(tokens.device).expand(b, -1)
         if mask is None:
-            mask = attention_mask(write, self.cache_slots)
+            mask = self._causal_rows(write)
         elif mask.shape != (b, t, self.cache_slots):
             raise ValueError(f"mask must have shape {(b, t, self.cache_slots)}, got {tuple(mask.shape)}")
         return self._cached(self._embed_tokens(tokens, self.token_bias), seq, mask, write)
+
+    def _causal_rows(self, write: Tensor) -> Tensor:
+        """Cache slots [B, T] -> the slot-causal mask [B, T, S], rows of the table `causal`."""
+        if self.causal is None or self.causal.shape[0] != self.cache_slots:
+            raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
+        return self.causal[write]
 
     def _cached(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor | None = None) -> Tensor:
         """x [B, T, dim] at sequence slots [B, T] written to cache slots `write` [B, T] (default:

@@ -72,7 +72,10 @@ def apply_rope(x: Tensor, table: Tensor) -> Tensor:
 
 
 class KVCache(nn.Module):
-    """Static cache [B, H_kv, S, hd]; `write` puts keys/values at per-row slots [B, T]."""
+    """Static cache [B, H_kv, S, hd]; `write` puts keys/values at per-row slots [B, T]. Allocate
+    with `KVCache.reuse`, which zeroes and keeps an existing cache of the same shape (one
+    allocation per model and batch size, not one per generate call; the tensors stay at the same
+    addresses, which captured CUDA graphs rely on)."""
 
     def __init__(self, batch: int, n_kv_head: int, slots: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -80,6 +83,20 @@ class KVCache(nn.Module):
         shape = (batch, n_kv_head, slots, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    @classmethod
+    def reuse(cls, old: "KVCache | None", batch: int, n_kv_head: int, slots: int, head_dim: int,
+              dtype: torch.dtype, device: torch.device) -> "KVCache":
+        """`old` zeroed when it has this shape, dtype and device, else a new zeroed cache. Outside
+        inference mode, so that the cache is an ordinary tensor that compiled code may update."""
+        with torch.inference_mode(False), torch.no_grad():
+            if old is not None and old.k_cache.shape == (batch, n_kv_head, slots, head_dim) \
+                    and old.k_cache.dtype == dtype and old.k_cache.device == torch.device(device) \
+                    and not old.k_cache.is_inference():
+                old.k_cache.zero_()
+                old.v_cache.zero_()
+                return old
+            return cls(batch, n_kv_head, slots, head_dim, dtype, device)
 
     def write(self, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """slots [B, T]; k, v [B, H_kv, T, hd]. Returns the full caches (views, not copies)."""

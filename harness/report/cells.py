@@ -22,13 +22,16 @@ RUN_COLUMNS = ("experiment", "model", "decoder", "dataset", "evaluator", "evalua
 SPEEDUP_METRIC = "speedup_vs_raster"
 DERIVED_FROM = "speedup_raster_run"  # column of derived speed-up rows: the raster run they divide
 NOT_SWEPT = frozenset({*RUN_COLUMNS, *METRIC_COLUMNS, *INTERVAL_COLUMNS, "run_dir", DERIVED_FROM})
+VARYING_ONLY = frozenset({"engine"})  # run columns shown only when they differ between rows
 ROW_KEYS = ("model", "decoder")
 CELL_COLUMNS = ("key", "value", "stderr", *INTERVAL_COLUMNS, "n", "run_dir", DERIVED_FROM)
 
 
 def swept_columns(frame: pd.DataFrame) -> list[str]:
-    """The swept-key columns of `frame` that hold a value in at least one row (frame order)."""
-    return [c for c in frame.columns if c not in NOT_SWEPT and frame[c].notna().any()]
+    """The swept-key columns of `frame` that hold a value in at least one row (frame order); the
+    `engine` run column counts only where runs of both engines meet in one frame."""
+    return [c for c in frame.columns if c not in NOT_SWEPT and frame[c].notna().any()
+            and (c not in VARYING_ONLY or frame[c].nunique() > 1)]
 
 
 def with_derived_speedup(frame: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ import torch
 
 from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams
 from harness.sampling import sample
-from harness.seeding import make_generators
+from harness.randomness import ImageStreams
 
 
 class AnnealedRaster:
@@ -38,13 +38,13 @@ class AnnealedRaster:
         """cond of batch B, seeds [B] (one per image) -> tokens [B, rows*cols]."""
         model = models.target
         batch, steps = cond.batch_size, model.grid[0] * model.grid[1]
-        generators = make_generators(seeds, "cpu")  # each image's randomness comes from its seed
         model.setup_cache(batch)
         logits = model.prefill(cond)  # [B, V]: the distribution of position 0
+        streams = ImageStreams(seeds, logits.device)  # each image's randomness comes from its seed
         tokens = torch.empty(batch, steps, dtype=torch.long, device=logits.device)
         positions = torch.arange(steps, device=logits.device)
         for step in range(steps):
-            tokens[:, step] = sample(logits, self._params(step, steps), generators).to(logits.device)
+            tokens[:, step] = sample(logits, self._params(step, steps), streams)
             if step + 1 < steps:
                 logits = model.forward(tokens[:, step:step + 1], positions[step:step + 1])[:, 0]
         stats = [DecodeStats(target_forwards=steps, tokens=steps, accepted_per_step=[1] * steps)
