@@ -41,7 +41,7 @@ from baselines.canvas import Canvas, Context, feed_positions
 from baselines.islands import block_islands, island_steps, serial_steps
 from baselines.pooled import anchor_table, anchored
 from baselines.scope import Resolution
-from harness import hostsync
+from harness import engine, hostsync
 from harness.models.masks import attention_mask
 from harness.sampling import inverse_cdf, probs
 
@@ -113,7 +113,9 @@ class IslandResampler:
         ready = self._kept_ready(steps, res) if self.kv == "inline" else None
         plan = torch.cat([forwards.max().view(1), self._widths(steps, res.first, ready).flatten()])
         count, *widths = plan.tolist()  # the fill's one host read
-        rounded = not hostsync.reads_are_free(start.device) if BUCKET is None else BUCKET
+        rounded = BUCKET
+        if rounded is None:  # few shapes where reads are not free or forwards are compiled per shape
+            rounded = not hostsync.reads_are_free(start.device) or engine.compiled_anywhere()
         for s in range(count):
             feed, drawn = widths[s], widths[length + s]
             if rounded:

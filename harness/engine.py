@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("eager", "compiled")
 RECOMPILE_LIMIT = 64  # graphs per compiled forward (draft widths, resampler buckets, prefill)
+_COMPILED = [0]  # models compiled by `apply` in this process
 
 
 def check(engine: str, device: torch.device) -> None:
@@ -78,8 +79,15 @@ def apply(bundle: ModelBundle, engine: str, device: torch.device) -> int:
         if not gpt.compiled:
             gpt.compile(mode(device))
             count += 1
+    _COMPILED[0] += count
     log.info("engine=compiled: %d model(s) compile their cached forward (mode %s)", count, mode(device))
     return count
+
+
+def compiled_anywhere() -> bool:
+    """Whether `apply` compiled a model in this process (decoders then keep input shapes few:
+    resampler widths are bucketed, baselines/resampling.py)."""
+    return _COMPILED[0] > 0
 
 
 def compiled_shapes() -> int:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from baselines.raster import RasterDecoder
 from evaluators.geneval import ShapesBackend
