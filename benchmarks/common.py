@@ -38,9 +38,10 @@ RESAMPLE = MetricSpec("resample_forwards", "Resample fwd", "resample_forwards", 
 ISLANDS = MetricSpec("islands_per_step", "Isl/step", "islands_per_step", decimals=2, higher_is_better=False)
 ISLAND_SIZE = MetricSpec("island_size", "Isl size", "island_size", higher_is_better=False)
 LATENCY_MS = MetricSpec("latency_ms", "Latency (ms)", "latency_s", scale=1000.0, decimals=1, higher_is_better=False)
+KID = MetricSpec("kid", "KID", "kid", decimals=4, higher_is_better=False, error=True)
 # every metric a decoder table may show; columns no row has are dropped
 METRICS = (TARGET_FORWARDS, DRAFTER_FORWARDS, VERIFY, RESAMPLE, STEP_COMPRESSION, LATENCY_MS, SPEEDUP, NOISE,
-           ACCEPTANCE, ISLANDS, ISLAND_SIZE, GENEVAL, GAP, FID)
+           ACCEPTANCE, ISLANDS, ISLAND_SIZE, GENEVAL, GAP, FID, KID)
 
 
 def quiet() -> None:

@@ -32,11 +32,12 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (compose_config, decoder_table, header, mirrored, out_dir, quiet,  # noqa: E402
                                run_job, variant)
-from benchmarks.goal import HELD_OUT_SEED, goal_verdict, rows_of, sample_note  # noqa: E402
+from benchmarks.goal import HELD_OUT_SEED, REDRAWN, goal_verdict, rows_of, sample_note  # noqa: E402
 from benchmarks.oracle import DIAGNOSES, diagnose_rows  # noqa: E402
 from harness.report.specs import METHOD_LABELS, TABLES  # noqa: E402
 
-MAIN = {**METHOD_LABELS, "mulo_sd_anchored": "MuLo-SD anchored (redraws near the draft token)"}
+MAIN = {**METHOD_LABELS, "mulo_sd_anchored": "MuLo-SD anchored (redraws near the draft token)",
+        REDRAWN: "raster, another draw of the seeds (the metrics' noise)"}
 ABLATIONS = ("ablation_upsampling", "ablation_local", "ablation_parallel", "ablation_open_questions")
 POOLING = {"k": (1, 4, 16, 64), "tau": (0.05, 0.1, 0.3)}
 FRONTIER = {"windows": (2, 3, 4, 8), "rules": {"": [], " k=1 tau=1": ["accept.k=1", "accept.tau=1.0"]}}
@@ -129,8 +130,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         return rows_of(summary)
 
     if not a.no_main:
-        rows = table("main", "main (batch 1)", ["+experiment=main"], MAIN)
-        print(goal_verdict([r for r in rows if r["decoder"] in ("raster", "mulo_sd", "mulo_sd_anchored")],
+        main_rows = ["+experiment=main"]
+        if a.fid:  # raster against itself at the same N: FID/KID's own noise band (benchmarks/goal.py)
+            names = list(compose_config([*timed, *main_rows], a.model).decoder)
+            main_rows.append(f"decoder=[{','.join([names[0], REDRAWN, *names[1:]])}]")
+        rows = table("main", "main (batch 1)", main_rows, MAIN)
+        print(goal_verdict([r for r in rows if r["decoder"] in ("raster", REDRAWN, "mulo_sd", "mulo_sd_anchored")],
                            noise_threshold=threshold)[0], *([note] if note else []), sep="\n", flush=True)
     if a.ablations:
         for name in ABLATIONS:
@@ -142,8 +147,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             table("ablation_pooling", TABLES["ablation_pooling"].title, ["name=ablation_pooling", *extra], labels)
     if a.frontier:
         extra, labels = mulo_rows(frontier_rows(a.frontier_taus))
+        if a.fid:  # with the metrics' noise band
+            extra, labels = ["decoder=[raster,raster_redrawn]", *extra[1:]], {**labels, REDRAWN: MAIN[REDRAWN]}
         rows = table("frontier", "frontier (batch 1)", ["name=mulo_frontier", *extra], labels)
-        rows = [{**r, "decoder": labels[r["decoder"]] if r["decoder"] != "raster" else "raster"} for r in rows]
+        rows = [{**r, "decoder": r["decoder"] if r["decoder"] in ("raster", REDRAWN) else labels[r["decoder"]]}
+                for r in rows]
         print(*goal_verdict(rows, noise_threshold=threshold), *([note] if note else []), sep="\n", flush=True)
     if a.diagnose:
         extra, paths = diagnose_rows()

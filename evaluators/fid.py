@@ -8,7 +8,7 @@ Protocol (recorded in `version` and in the statistics cache key):
    bilinear resize to 299 inside, pool3 2048-d features;
 3. FID = torch-fidelity's `fid_statistics_to_metric` on float64 mean/covariance; KID =
    `kid_features_to_metric` (polynomial kernel, `kid_subsets` subsets of `kid_subset_size`,
-   fixed rng seed).
+   fixed rng seed), its standard error a delete-d jackknife over subsets (`kernel_distance`).
 
 Reference features are cached under `<cache_dir>/<key>.npz`, key = sha256 of (reference
 fingerprint, preprocessing, extractor version): the 5,000 COCO val2017 images are embedded once.
@@ -39,7 +39,7 @@ from harness.samples import SampleSet
 
 log = logging.getLogger(__name__)
 
-VERSION = "1"
+VERSION = "2"  # 2: KID's standard error is a delete-d jackknife (kernel_distance)
 PER_SAMPLE_COLUMNS = ("sample_id", "prompt_id", "height", "width")
 
 
@@ -65,10 +65,30 @@ def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
 
 def kernel_distance(feats_a: np.ndarray, feats_b: np.ndarray, subsets: int, subset_size: int,
                     seed: int = 2020) -> tuple[float, float]:
-    """KID (mean, std over subsets) via torch-fidelity; subset size capped at the smaller set."""
+    """KID of two feature sets [n_a, D], [n_b, D] and its standard error.
+
+    KID is torch-fidelity's: the mean over `subsets` random subsets of r = min(subset_size, n_a, n_b)
+    features of each set of the unbiased polynomial-kernel MMD^2 (the whole sets, one estimate,
+    when both hold at most `subset_size`). Its standard error is a delete-d jackknife over random
+    subsets (Shao and Wu, 1989): se^2 = r' / (n - r') * var(estimates on subsets of r'), with
+    n = min(n_a, n_b) and r' = r, or n // 2 when r = n (whole sets would not vary). torch-fidelity's
+    std / sqrt(subsets) is the Monte-Carlo error of the mean over overlapping subsets, not the
+    sampling error of KID (and is 0 on whole sets). NaN below 4 features."""
+    n = min(len(feats_a), len(feats_b))
+    size = min(subset_size, n)
+    value, spread = _kid(feats_a, feats_b, subsets, size, seed)
+    half = size if size < n else n // 2
+    if half < 2:
+        return value, math.nan
+    if half != size:
+        _, spread = _kid(feats_a, feats_b, subsets, half, seed)
+    return value, spread * math.sqrt(half / (n - half))
+
+
+def _kid(feats_a: np.ndarray, feats_b: np.ndarray, subsets: int, size: int, seed: int) -> tuple[float, float]:
+    """(mean, std) of torch-fidelity's KID over `subsets` subsets of `size` features of each set."""
     from torch_fidelity.metric_kid import KEY_METRIC_KID_MEAN, KEY_METRIC_KID_STD, kid_features_to_metric
 
-    size = min(subset_size, len(feats_a), len(feats_b))
     out = kid_features_to_metric(torch.from_numpy(feats_a.astype(np.float64)),
                                  torch.from_numpy(feats_b.astype(np.float64)),
                                  kid_subsets=subsets, kid_subset_size=size, rng_seed=seed, verbose=False)
@@ -146,8 +166,8 @@ class FIDEvaluator:
         rows = [{"metric": "fid", "value": frechet_distance(generated, reference), "n": len(ids),
                  "higher_is_better": False}]
         if self.kid:
-            mean, std = kernel_distance(generated, reference, self.kid_subsets, self.kid_subset_size)
-            rows.append({"metric": "kid", "value": mean, "stderr": std / math.sqrt(self.kid_subsets),
+            mean, stderr = kernel_distance(generated, reference, self.kid_subsets, self.kid_subset_size)
+            rows.append({"metric": "kid", "value": mean, "stderr": stderr,
                          "n": len(ids), "higher_is_better": False})
         if len(ids) < 2048:
             log.warning("%s: FID from %d images is strongly biased upwards (feature dim 2048); compare only "

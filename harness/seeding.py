@@ -38,6 +38,17 @@ def image_seed(global_seed: int, prompt_id: str, image_index: int) -> int:
     return int.from_bytes(digest, "big") & _SEED_MASK
 
 
+def reseeded(seed: int, draw: int) -> int:
+    """Image seed `seed` of another independent draw `draw` >= 1 (draw 0 is the seed itself): the
+    same prompts and images, other random numbers, e.g. raster against itself at the same N."""
+    if not _is_int(draw) or draw < 0:
+        raise ValueError(f"draw must be an int >= 0, got {draw!r}")
+    if draw == 0:
+        return int(seed)
+    digest = hashlib.blake2b(f"{int(seed)}:{int(draw)}".encode(), digest_size=8, person=_PERSON).digest()
+    return int.from_bytes(digest, "big") & _SEED_MASK
+
+
 def _is_int(value: object) -> bool:
     """True for Python and NumPy integers (seeds often come back from pandas), False for bools."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -3,6 +3,7 @@ on a random-weight Inception, the reference cache, the shapes-world reference an
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +238,19 @@ def test_shapes_fid_with_offline_inception(tmp_path: Path, monkeypatch: pytest.M
     noisy = ev.evaluate(noise).summary
     assert matched["value"].iloc[0] < noisy["value"].iloc[0]
     logging.getLogger(__name__).info("shapes FID/KID matched %s noise %s", matched["value"].tolist(), noisy["value"].tolist())
+
+
+def test_kid_standard_error_matches_the_spread_of_independent_draws() -> None:
+    """The jackknife standard error of KID (whole sets: n <= subset_size) is close to the standard
+    deviation of KID across independent pairs of sets of the same size."""
+    rng = np.random.default_rng(0)
+    dim, n = 16, 80
+    draws, errors = [], []
+    for _ in range(40):
+        a, b = rng.normal(size=(n, dim)), rng.normal(0.3, 1.0, size=(n, dim))
+        value, stderr = kernel_distance(a, b, subsets=50, subset_size=1000)
+        draws.append(value)
+        errors.append(stderr)
+    spread, estimate = float(np.std(draws, ddof=1)), float(np.median(errors))
+    assert estimate > 0 and 0.6 < estimate / spread < 1.6, (estimate, spread)
+    assert math.isnan(kernel_distance(a[:3], b[:3], subsets=5, subset_size=1000)[1])

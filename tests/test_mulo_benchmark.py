@@ -83,21 +83,27 @@ def test_diagnosis_rows(tmp_path: Path, capsys) -> None:  # type: ignore[no-unty
     assert "### diagnose (untimed; quality images)" in printed and "| k=1 tau=1 (resampler alone)" in printed
 
 
-def _row(name: str, target: float, speedup: float, gap: float, noise: float = 0.0) -> dict[str, object]:
+def _row(name: str, target: float, speedup: float, gap: float, noise: float = 0.0, fid: float = 100.0,
+         kid: float = 0.05, kid_se: float = 0.001) -> dict[str, object]:
     return {"decoder": name, "target": target, "speedup": speedup, "ci_low": speedup - 0.1,
-            "ci_high": speedup + 0.1, "gap": gap, "gap_se": 0.01, "noise": noise}
+            "ci_high": speedup + 0.1, "gap": gap, "gap_se": 0.01, "noise": noise, "fid": fid, "kid": kid,
+            "kid_se": kid_se}
+
+
+DETAIL = ", FID 100.0, KID 0.0500 +- 0.0010"
 
 
 def test_goal_verdict_names_the_rows_that_meet_each_part() -> None:
     rows = [_row("raster", 256, 1.0, 0.0), _row("fast", 36, 3.1, -0.11), _row("close", 77, 2.3, -0.01),
             _row("slow", 130, 1.5, -0.05), _row("both", 60, 3.0, -0.02)]
     met, fastest, best, front = goal_verdict(rows)
-    assert met.endswith("met by both (3.00x [2.90, 3.10], gap -0.020 +- 0.010)")
+    assert met.endswith(f"met by both (3.00x [2.90, 3.10], gap -0.020 +- 0.010{DETAIL})")
     assert fastest.startswith("fastest within the gap: both")
     assert best.startswith("best gap at >= 3x: both")
     # "slow" is beaten on both axes by "close"; "fast" and "both" trade speed against quality
-    assert front == ("Pareto front (speed-up vs gap): fast (3.10x [3.00, 3.20], gap -0.110 +- 0.010), "
-                     "both (3.00x [2.90, 3.10], gap -0.020 +- 0.010), close (2.30x [2.20, 2.40], gap -0.010 +- 0.010)")
+    assert front == (f"Pareto front (speed-up vs gap): fast (3.10x [3.00, 3.20], gap -0.110 +- 0.010{DETAIL}), "
+                     f"both (3.00x [2.90, 3.10], gap -0.020 +- 0.010{DETAIL}), "
+                     f"close (2.30x [2.20, 2.40], gap -0.010 +- 0.010{DETAIL})")
     met, fastest, best, _ = goal_verdict(rows[:4])
     assert met.endswith("not met by any row")
     assert fastest.startswith("fastest within the gap: close") and best.startswith("best gap at >= 3x: fast")
@@ -113,7 +119,28 @@ def test_goal_verdict_is_undecided_when_timing_is_unreliable() -> None:
     head = goal_verdict(rows, noise_threshold=0.1)[0]
     assert "met by" not in head and "undecided, timing unreliable for raster (timing_noise 0.60)" in head
     quiet_enough = goal_verdict(rows, noise_threshold=0.7)[0]
-    assert quiet_enough.endswith("met by both (55.00x [54.90, 55.10], gap -0.020 +- 0.010)")
+    assert quiet_enough.endswith(f"met by both (55.00x [54.90, 55.10], gap -0.020 +- 0.010{DETAIL})")
+
+
+def test_goal_needs_geneval_and_image_detail() -> None:
+    """Issue 33: a row that keeps GenEval but loses detail (KID and FID far above raster's) does not
+    meet the goal, nor does one that keeps detail but loses GenEval; FID within 10% or KID within
+    raster's own noise band (raster from another draw of the seeds) counts as detail kept."""
+    raster = _row("raster", 256, 1.0, 0.0, fid=100.0, kid=0.050, kid_se=0.002)
+    blurry = _row("blurry", 40, 3.5, 0.0, fid=160.0, kid=0.099, kid_se=0.002)
+    wrong = _row("wrong", 40, 3.5, -0.10, fid=101.0, kid=0.050, kid_se=0.002)
+    assert goal_verdict([raster, blurry])[0].endswith("not met by any row")
+    assert goal_verdict([raster, wrong])[0].endswith("not met by any row")
+    fid_close = _row("fid_close", 40, 3.5, 0.0, fid=109.0, kid=0.070, kid_se=0.002)
+    assert "met by fid_close" in goal_verdict([raster, fid_close])[0]
+    kid_noise = _row("kid_noise", 40, 3.5, 0.0, fid=130.0, kid=0.058, kid_se=0.002)
+    assert goal_verdict([raster, kid_noise])[0].endswith("not met by any row")  # 0.008 > 2 x 0.0028
+    redrawn = _row("raster_redrawn", 256, 1.0, 0.0, fid=104.0, kid=0.060, kid_se=0.002)
+    assert "met by kid_noise" in goal_verdict([raster, redrawn, kid_noise])[0]  # raster itself moves 0.010
+    assert "raster_redrawn" not in goal_verdict([raster, redrawn, kid_noise])[0]  # a band, not a candidate
+    unscored = _row("unscored", 40, 3.5, 0.0, fid=math.nan, kid=math.nan)
+    head = goal_verdict([{**raster, "fid": math.nan, "kid": math.nan}, unscored])[0]
+    assert "undecided, no FID/KID for unscored" in head
 
 
 def test_frontier_rows_cross_windows_with_rules() -> None:
