@@ -27,8 +27,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from baselines.recorder import StatsRecorder
-from harness.api import Condition, Generation, ModelBundle, SamplingParams
+from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams
 from harness.models.masks import attention_mask
 from harness.sampling import sample
 from harness.randomness import ImageStreams
@@ -87,6 +86,21 @@ def zipar_schedule(rows: int, cols: int, window: int, stand_in: str = "reference
 
 
 @functools.lru_cache(maxsize=64)
+def written_masks(rows: int, cols: int, window: int, stand_in: str, prefix: int,
+                  device: torch.device) -> tuple[Tensor, ...]:
+    """The "written" mask [T, S] of every forward of the schedule (S = prefix + rows * cols cache
+    slots): the prefix and the slots written so far (decoded or stand-in) at or before each query;
+    the schedule is the same for every image, so these are made once."""
+    written = torch.zeros(prefix + rows * cols, dtype=torch.bool, device=device)
+    written[:prefix] = True
+    masks = []
+    for step in zipar_steps(rows, cols, window, stand_in, device):
+        written[prefix + step.slots] = True
+        masks.append(attention_mask(prefix + step.slots, written.shape[0], ~written, own=False))
+    return tuple(masks)
+
+
+@functools.lru_cache(maxsize=64)
 def zipar_steps(rows: int, cols: int, window: int, stand_in: str, device: torch.device) -> tuple[ZipStep, ...]:
     """`zipar_schedule` with its index tensors on `device`, copied once (not one host-to-device copy
     per forward; the low-resolution drafter of baselines/lowres.py reads it too)."""
@@ -135,22 +149,15 @@ class ZipARDecoder:
         streams = ImageStreams(seeds, device)
         tokens = torch.zeros(b, n, dtype=torch.long, device=device)
         tokens[:, 0] = sample(logits, self.sampling, streams)
-        rec = StatsRecorder(b, (rows, cols), device)
-        everyone = torch.ones(b, dtype=torch.bool, device=device)
-        rec.forward(everyone, torch.ones(b, dtype=torch.long, device=device))
-        written = torch.zeros(model.cache_len, dtype=torch.bool, device=device)
-        prefix = model.cache_len - n
-        written[:prefix] = True
-        for step in zipar_steps(rows, cols, self.window, self.stand_in, device):
-            written[prefix + step.slots] = True
-            mask = None if self.mask == "causal" else self._mask(written, prefix + step.slots, b)
+        steps = zipar_steps(rows, cols, self.window, self.stand_in, device)
+        masks = written_masks(rows, cols, self.window, self.stand_in, model.cache_len - n, device)
+        for step, written in zip(steps, masks):
+            mask = None if self.mask == "causal" else written.expand(b, -1, -1)
             out = model.forward(tokens[:, step.sources], step.slots, mask)  # [B, T, V]
             picked = out[:, step.from_input]  # [B, D, V]
             tokens[:, step.decoded] = sample(picked, self.sampling, streams)
-            rec.forward(everyone, torch.full((b,), len(step.decoded), dtype=torch.long, device=device))
-        return Generation(tokens=tokens, stats=rec.finish(with_drafts=False))
-
-    @staticmethod
-    def _mask(written: Tensor, query_slots: Tensor, batch: int) -> Tensor:
-        """written [S] bool, query cache slots [T] -> [B, T, S]: written slots at or before each query."""
-        return attention_mask(query_slots, written.shape[0], ~written, own=False).expand(batch, -1, -1)
+        # the schedule is static: every image takes the same forwards and commits the same counts
+        per_step = [1, *(len(step.decoded) for step in steps)]
+        stats = [DecodeStats(target_forwards=len(per_step), tokens=n, accepted_per_step=list(per_step))
+                 for _ in range(b)]
+        return Generation(tokens=tokens, stats=stats)
