@@ -22,7 +22,8 @@ from torch import Tensor
 from baselines.local import block_coordinates
 from harness import hostsync
 
-CHUNK = 4  # labelling passes between two convergence checks where host reads are not free
+CHUNK = 8  # labelling passes between two convergence checks where host reads are not free (typical
+           # rejection islands settle within one chunk: one read per labelling)
 
 
 def _label_pass(labels: Tensor, marked: Tensor, grid: tuple[int, int]) -> Tensor:

@@ -8,7 +8,8 @@ Three tables, all measured in this one run:
    outside the models (the decode loop's own tensor work: sampling, acceptance, bookkeeping), and
    inside them; host reads per decode step on the accelerator path (`harness/hostsync.py` told that
    reads are not free, values read with bool/int/item/tolist/torch.equal counted: each is a host
-   synchronisation on a GPU; the loop's one bounded "any row left" check included); on CUDA also
+   synchronisation on a GPU; the loop's one bounded "any row left" check included, the statistics
+   read once at the end of a decode not); on CUDA also
    the synchronisations torch itself reports (sync debug mode). A decode loop that is to be timed on
    a GPU wants few of the first and at most one or two of the others per step.
 2. Raster per-step latency of one architecture at batch 1 with CFG, against the memory floor
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from baselines.recorder import StatsRecorder  # noqa: E402
 from benchmarks.common import compose_config  # noqa: E402
 from harness import engine, hostsync  # noqa: E402
 from harness.results import _markdown  # noqa: E402
@@ -95,25 +97,38 @@ class _count_reads:  # noqa: N801 (a context manager used like a function)
     READERS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
 
     def __enter__(self) -> "_count_reads":
-        self.count = 0
+        self.count, self.paused = 0, False
         self._saved = {name: getattr(torch.Tensor, name) for name in self.READERS}
         self._equal, self._free = torch.equal, hostsync.reads_are_free
+        self._finish = StatsRecorder.finish
         for name, original in self._saved.items():
             setattr(torch.Tensor, name, self._counted(original))
         torch.equal = self._counted(self._equal)  # type: ignore[assignment]
         hostsync.reads_are_free = lambda device: False  # type: ignore[assignment]
+        StatsRecorder.finish = self._uncounted(self._finish)  # type: ignore[method-assign]
         return self
 
     def _counted(self, original: Any) -> Any:
         def read(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
+            self.count += not self.paused
             return original(*args, **kwargs)
         return read
+
+    def _uncounted(self, original: Any) -> Any:
+        """The statistics read once at the end of a decode, not per step: not counted."""
+        def finish(*args: Any, **kwargs: Any) -> Any:
+            self.paused = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.paused = False
+        return finish
 
     def __exit__(self, *exc: Any) -> None:
         for name, original in self._saved.items():
             setattr(torch.Tensor, name, original)
         torch.equal, hostsync.reads_are_free = self._equal, self._free  # type: ignore[assignment]
+        StatsRecorder.finish = self._finish  # type: ignore[method-assign]
 
 
 def _steps(stats: Any) -> int:
@@ -123,7 +138,7 @@ def _steps(stats: Any) -> int:
 
 def dispatch_table(decoders: list[str], device: torch.device) -> list[list[str]]:
     """Rows: decoder, target forwards, steps, loop ops / forward, model ops / forward, host reads /
-    step (accelerator path), CUDA syncs / step."""
+    step and per image (accelerator path, batch 1), CUDA syncs / step."""
     cfg = compose_config([f"decoder=[{','.join(decoders)}]", "model=shapes"], "shapes")
     cond_text = ["a photo of a red circle"]
     rows = []
@@ -159,6 +174,7 @@ def dispatch_table(decoders: list[str], device: torch.device) -> list[list[str]]
                 f"{counter.loop_ops / forwards:.1f}",
                 f"{counter.model_ops / forwards:.1f}",
                 f"{reads.count / steps:.2f}",
+                f"{reads.count}",
                 "-" if syncs.count is None else f"{syncs.count / _steps(gen.stats[0]):.2f}",
             ]
         )
@@ -290,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = dispatch_table(a.decoders.split(","), device)
     print(_markdown(["decoder", "target fwd", "steps", "loop ops / fwd", "model ops / fwd",
-                     "host reads / step", "CUDA syncs / step"], rows, 1))
+                     "host reads / step", "host reads / image", "CUDA syncs / step"], rows, 1))
     cuda = device.type == "cuda"
     models = {k: ["model.dtype=bf16"] for k in FULL_SIZE} if cuda else TINY
     compiled = not a.no_compile and engine.unavailable(device) is None

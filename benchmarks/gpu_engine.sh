@@ -4,6 +4,8 @@
 #
 #     bash benchmarks/gpu_engine.sh            # OUT=results/gpu_engine/<time>
 #
+# 0. tests/test_engine.py -m gpu: every decoder batch-independent on CUDA (where the loop's "any row
+#    left" check is read one step late), compiled and eager greedy decodes equal.
 # 1. benchmarks/engine.py on CUDA: loop / model aten ops and host reads per step for every decoder
 #    (plus the syncs torch's sync debug mode reports); raster per-step latency of the full-size
 #    LlamaGen-XL 512, Tar-1.5B 512 and Tar-7B 1024 architectures in bf16, eager and engine=compiled
@@ -22,6 +24,9 @@ IMAGES=${IMAGES:-8}
 mkdir -p "$OUT"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_engine.sh needs a CUDA GPU')" || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+echo "=== CUDA checks: batch independence with the lagged loop check, compiled = eager (greedy)"
+timeout 240 "$PY" -m pytest -q -m gpu tests/test_engine.py 2>&1 | tail -15 | tee "$OUT/checks.txt"
 
 echo "=== benchmarks/engine.py (CUDA)"
 timeout 300 "$PY" benchmarks/engine.py --device cuda --steps 64 2>&1 | tee "$OUT/engine.txt"

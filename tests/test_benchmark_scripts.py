@@ -51,7 +51,7 @@ def test_engine_counts_loop_and_model_operators(capsys) -> None:  # noqa: ANN001
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     raster = [c.strip() for c in rows["raster"].split("|")[1:-1]]
-    # decoder, target fwd, steps, loop ops / fwd, model ops / fwd, host reads / step, CUDA syncs
+    # decoder, target fwd, steps, loop ops / fwd, model ops / fwd, host reads / step and / image, CUDA syncs
     assert raster[1] == raster[2] == "256" and float(raster[3]) > 0 and float(raster[4]) > float(raster[3])
-    assert float(raster[5]) == 0  # raster reads nothing on the host per step
+    assert float(raster[5]) == 0 and raster[6] == "0"  # raster reads nothing on the host
     assert "zipar" in rows and "llamagen_tiny" in rows and "tar_tiny" in rows
