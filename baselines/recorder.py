@@ -1,6 +1,10 @@
 """Per-image decode statistics accumulated on the device as [B] tensors (no host round trip per
 step) and turned into `DecodeStats` once, at the end of a `generate` call.
 
+A decode loop hands each step's raw tensors to `step(...)`, which only keeps them; at the end the
+steps are stacked ([S, B, ...]: one op per field, not a dozen small ones per step) and the decoder
+turns them into counts with `forward` and `drafts`, which take any leading step dimensions.
+
 Conventions (the speed evaluator reads them from stats.csv):
 - a forward counts once for every image of the batch that was still decoding;
 - the target's prefill is a target forward (it yields position 0), as in raster decoding, and a
@@ -34,27 +38,45 @@ class StatsRecorder:
         # one extra column collects writes for positions past the end (rows that finished)
         self.rejections = torch.zeros(batch, self.n_tokens + 1, dtype=torch.long, device=device)
         self._committed: list[Tensor] = []  # per target forward: tokens committed [B], -1 = idle
+        self._steps: list[dict[str, Tensor | int]] = []  # raw tensors of each step (`step`)
+
+    def step(self, **values: Tensor | int) -> None:
+        """Keep one step's raw values ([B, ...] tensors or ints); nothing is computed now."""
+        self._steps.append(values)
+
+    def stacked(self) -> dict[str, Tensor]:
+        """The kept steps, each field stacked to [S, B, ...] (ints broadcast to [S, B]); {} if none."""
+        if not self._steps:
+            return {}
+        batch, device = self.target.shape[0], self.target.device
+        def column(v: Tensor | int) -> Tensor:
+            return v if isinstance(v, Tensor) else torch.full((batch,), v, dtype=torch.long, device=device)
+        return {k: torch.stack([column(s[k]) for s in self._steps]) for k in self._steps[0]}
 
     def forward(self, active: Tensor, committed: Tensor, target: int | Tensor = 1,
                 drafter: int | Tensor = 0) -> None:
-        """Record one step for rows active [B] bool: tokens committed [B], target and drafter
-        forwards it took (ints or [B])."""
+        """Record steps for rows active [..., B] bool (leading dims: steps, in order): tokens
+        committed [..., B], target and drafter forwards they took (ints or [..., B])."""
         act = active.long()
-        self.target += act * target
-        self.drafter += act * drafter
-        self._committed.append(torch.where(active, committed, torch.full_like(committed, -1)))
+        self.target += (act * target).reshape(-1, act.shape[-1]).sum(0)
+        self.drafter += (act * drafter).reshape(-1, act.shape[-1]).sum(0)
+        idle = torch.where(active, committed, torch.full_like(committed, -1))
+        self._committed.extend(idle.reshape(-1, act.shape[-1]).unbind(0))
 
     def drafts(self, active: Tensor, start: Tensor, proposed: Tensor, accepted: Tensor,
                resampled: Tensor, rejected: Tensor) -> None:
-        """Record a verification: per-row counts [B] and the rejected draft offsets [B, L] (bool)
-        relative to the frontier `start` [B]."""
+        """Record verifications: per-row counts [..., B] and the rejected draft offsets [..., B, L]
+        (bool) relative to the frontier `start` [..., B]."""
         act = active.long()
-        self.proposed += act * proposed
-        self.accepted += act * accepted
-        self.resampled += act * resampled
-        index = start[:, None] + torch.arange(rejected.shape[1], device=start.device)
-        index = index.clamp(max=self.n_tokens)
-        self.rejections.scatter_add_(1, index, (rejected & active[:, None]).long())
+        b = act.shape[-1]
+        self.proposed += (act * proposed).reshape(-1, b).sum(0)
+        self.accepted += (act * accepted).reshape(-1, b).sum(0)
+        self.resampled += (act * resampled).reshape(-1, b).sum(0)
+        index = (start[..., None] + torch.arange(rejected.shape[-1], device=start.device)).clamp(max=self.n_tokens)
+        hits = (rejected & active[..., None]).long()
+        # [..., B, L] -> [B, steps * L]: every step's offsets of one row side by side
+        self.rejections.scatter_add_(1, index.reshape(-1, b, index.shape[-1]).transpose(0, 1).reshape(b, -1),
+                                     hits.reshape(-1, b, hits.shape[-1]).transpose(0, 1).reshape(b, -1))
 
     def add_drafter(self, forwards: int) -> None:
         """Drafter forwards outside the steps (e.g. its prefill), for every image."""

@@ -86,6 +86,7 @@ class SpeculativeDecoder:
         running = Running(ctx.device)  # the loop's one host read per step (harness/hostsync.py)
         while running(canvas.active):
             verified = self._step(ctx, canvas, run, rec, scope, verified)
+        self._summarise(rec, rec.stacked())
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
 
@@ -155,10 +156,21 @@ class SpeculativeDecoder:
     @staticmethod
     def _record(rec: StatsRecorder, active: Tensor, start: Tensor, draft: Draft, res: Resolution,
                 extra: Tensor) -> None:
-        length = draft.tokens.shape[1]
-        valid = torch.arange(length, device=start.device)[None] < (rec.n_tokens - start)[:, None]
-        at_first = res.rejected.gather(1, res.first.clamp(max=length - 1)[:, None])[:, 0]
-        first_rejected = at_first & (res.first < length)
-        rec.forward(active, res.advance, target=1 + extra, drafter=draft.drafter_forwards)
-        rec.drafts(active, start, proposed=valid.sum(-1), accepted=res.keep.sum(-1),
-                   resampled=first_rejected.long() + res.resample.sum(-1), rejected=res.rejected)
+        """Keep one step's raw tensors; `_summarise` counts all steps at once."""
+        rec.step(active=active, start=start, advance=res.advance, extra=extra, first=res.first,
+                 drafter=draft.drafter_forwards, keep=res.keep, resample=res.resample, rejected=res.rejected)
+
+    @staticmethod
+    def _summarise(rec: StatsRecorder, s: dict[str, Tensor]) -> None:
+        """Every step's counts from the stacked steps s[name] [S, B, ...]: target forwards (1 + the
+        resampler's), drafter forwards, drafts inside the image (proposed), kept drafts, tokens
+        resampled (t0 when its draft was rejected, plus the resample set) and the rejection map."""
+        if not s:
+            return
+        length = s["keep"].shape[-1]
+        valid = torch.arange(length, device=s["start"].device) < (rec.n_tokens - s["start"])[..., None]
+        at_first = s["rejected"].gather(-1, s["first"].clamp(max=length - 1)[..., None])[..., 0]
+        first_rejected = at_first & (s["first"] < length)
+        rec.forward(s["active"], s["advance"], target=1 + s["extra"], drafter=s["drafter"])
+        rec.drafts(s["active"], s["start"], proposed=valid.sum(-1), accepted=s["keep"].sum(-1),
+                   resampled=first_rejected.long() + s["resample"].sum(-1), rejected=s["rejected"])

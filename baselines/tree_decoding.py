@@ -125,16 +125,27 @@ class TreeDecoder:
             advance = torch.where(active, torch.minimum(a + 1, remaining), torch.zeros_like(root))
             self._record(rec, active, root, tree.depth, remaining, a, verdict.rejected, advance, levels)
             root = root + advance
+        self._summarise(rec, rec.stacked(), levels)
         stats = rec.finish(with_drafts=True)
         return Generation(tokens=tokens[:, :n_tokens].clone(), stats=stats)
 
     @staticmethod
     def _record(rec: StatsRecorder, active: Tensor, root: Tensor, depth: Tensor, remaining: Tensor,
                 accepted: Tensor, rejected: Tensor, advance: Tensor, levels: int) -> None:
-        """One round: a target forward, `levels` head forwards, the tree nodes inside the image
-        (proposed), the accepted drafts, and the rejection at the first unaccepted position."""
-        rec.forward(active, advance, target=1, drafter=levels)
-        offsets = torch.arange(levels, device=root.device)[None]
-        stopped = rejected & (accepted < remaining)
-        rec.drafts(active, root + 1, proposed=(depth <= remaining[:, None]).sum(-1), accepted=accepted,
-                   resampled=stopped.long(), rejected=(offsets == accepted[:, None]) & stopped[:, None])
+        """Keep one round's raw tensors; `_summarise` counts all rounds at once."""
+        rec.step(active=active, root=root, depth=depth, remaining=remaining, accepted=accepted,
+                 rejected=rejected, advance=advance)
+
+    @staticmethod
+    def _summarise(rec: StatsRecorder, s: dict[str, Tensor], levels: int) -> None:
+        """Every round from the stacked rounds s[name] [S, B, ...]: a target forward and `levels`
+        head forwards each, the tree nodes inside the image (proposed), the accepted drafts, and the
+        rejection at the first unaccepted position."""
+        if not s:
+            return
+        rec.forward(s["active"], s["advance"], target=1, drafter=levels)
+        offsets = torch.arange(levels, device=s["root"].device)
+        stopped = s["rejected"] & (s["accepted"] < s["remaining"])
+        rec.drafts(s["active"], s["root"] + 1, proposed=(s["depth"] <= s["remaining"][..., None]).sum(-1),
+                   accepted=s["accepted"], resampled=stopped.long(),
+                   rejected=(offsets == s["accepted"][..., None]) & stopped[..., None])
