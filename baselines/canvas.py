@@ -13,6 +13,7 @@ shape without corrupting each other.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,13 @@ from harness.randomness import ImageStreams
 from baselines.neighbours import neighbour_table
 
 NEIGHBOUR_METRICS = ("raw", "normalised")
+
+
+@functools.lru_cache(maxsize=256)
+def span(n: int, device: torch.device) -> Tensor:
+    """arange(n) int64 on `device`, made once per (n, device) and shared: read it, never write it
+    (a decode step builds many index windows; each would otherwise be a new arange)."""
+    return torch.arange(n, device=device)
 
 
 @dataclass
@@ -116,11 +124,11 @@ class Canvas:
     def read(self, start: Tensor, width: int) -> tuple[Tensor, Tensor]:
         """Per-row windows: start [B] -> (tokens [B, width], cache positions [B, width]) of raster
         indices start .. start + width - 1 (out-of-range indices read padding and feed scratch)."""
-        index = start[:, None] + torch.arange(width, device=start.device)
+        index = start[:, None] + span(width, start.device)
         tokens = self.tokens.gather(1, index.clamp(0, self.tokens.shape[1] - 1))
         return tokens, feed_positions(index, self.n_tokens)
 
     def write(self, start: Tensor, values: Tensor) -> None:
         """Write values [B, W] at raster indices start [B] .. start + W - 1 (into padding past N)."""
-        index = start[:, None] + torch.arange(values.shape[1], device=start.device)
+        index = start[:, None] + span(values.shape[1], start.device)
         self.tokens.scatter_(1, index.clamp(max=self.tokens.shape[1] - 1), values)

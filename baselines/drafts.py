@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from baselines.canvas import Canvas, Context, feed_positions
+from baselines.canvas import Canvas, Context, feed_positions, span
 from baselines.scope import Resolution
 from harness.api import ModelBundle
 from harness.sampling import probs, sample_from
@@ -134,7 +134,7 @@ class _JacobiRun(DraftRun):
         (q = the p it came from, conditioned on the old drafts, as in SJD); the rest start fresh."""
         length = self.source.length
         advance = outcome.res.advance  # [B]
-        src = (advance[:, None] + torch.arange(length, device=advance.device)).clamp(max=length)
+        src = (advance[:, None] + span(length, advance.device)).clamp(max=length)
         carried = (length + 1 - advance).clamp(0, length)  # slots that have a sample
         tokens = outcome.samples.gather(1, src)
         q = outcome.p.gather(1, src[..., None].expand(-1, -1, outcome.p.shape[-1]))
@@ -146,7 +146,7 @@ class _JacobiRun(DraftRun):
         guesses. One random token per slot is drawn on every call, used or not, so the number of
         draws per image never depends on the batch."""
         ctx, length, v = self.ctx, self.source.length, self.ctx.vocab
-        slot = torch.arange(length, device=ctx.device)
+        slot = span(length, ctx.device)
         fresh = slot[None] >= carried[:, None]  # [B, L]
         rand = (ctx.streams.draw((length,)) * v).long().clamp_max(v - 1)  # uniform tokens [B, L]
         uniform = torch.full((v,), 1.0 / v, device=ctx.device).expand(*rand.shape, v)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from baselines.canvas import span
 from baselines.scope import RasterScope, RejectionScope, Resolution
 
 
@@ -83,7 +84,7 @@ class LocalScope(RejectionScope):
         """accept [B, L] bool, remaining [B], grid (rows, cols), verified [B] or None (the
         previous resolution's) -> Resolution."""
         length = accept.shape[1]
-        offsets = torch.arange(length, device=accept.device)
+        offsets = span(length, accept.device)
         valid = offsets < remaining[:, None]
         rejected = ~accept & valid
         first = torch.where(rejected, offsets, length).min(-1).values  # t0 [B] (L: none)

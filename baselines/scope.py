@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from baselines.canvas import Canvas, Context
+from baselines.canvas import Canvas, Context, span
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class RasterScope(RejectionScope):
     def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int] | None = None,
                 verified: Tensor | None = None) -> Resolution:
         length = accept.shape[1]
-        offsets = torch.arange(length, device=accept.device)
+        offsets = span(length, accept.device)
         valid = offsets < remaining[:, None]
         lead = (accept & valid).long().cumprod(-1).sum(-1)  # accepted run length [B]
         keep = offsets < lead[:, None]

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from baselines.acceptance import AcceptanceRule
-from baselines.canvas import Canvas, Context
+from baselines.canvas import Canvas, Context, span
 from baselines.drafts import Draft, DraftRun, DraftSource, Outcome
 from baselines.recorder import StatsRecorder
 from baselines.scope import RasterScope, RejectionScope, Resampler, Resolution
@@ -139,7 +139,7 @@ class SpeculativeDecoder:
         tokens, positions = canvas.read(canvas.fed, width)
         logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
         offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b
-        index = offset[:, None] + torch.arange(length + 1, device=offset.device)
+        index = offset[:, None] + span(length + 1, offset.device)
         index = index.clamp(max=logits.shape[1] - 1)
         picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
         return probs(picked, ctx.sampling)
@@ -149,7 +149,7 @@ class SpeculativeDecoder:
         """One token per offset 0..L [B, L+1]: from the residual at offset `first` (the bonus p
         when first = L), from p elsewhere; L + 1 uniforms per image."""
         length = residual.shape[1]
-        at_first = torch.arange(length + 1, device=first.device)[None] == first[:, None]
+        at_first = span(length + 1, first.device) == first[:, None]
         dist = torch.where(at_first[..., None], torch.cat([residual, p[:, length:]], 1), p)
         return sample_from(dist, ctx.streams)
 
