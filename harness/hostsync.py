@@ -36,21 +36,27 @@ def anything(flag: Tensor) -> bool:
 
 
 class Running:
-    """`while running(active):` over active [B] bool (see the module docstring)."""
+    """`while running(active):` over active [B] bool (see the module docstring). Where reads are
+    free the answer is exact; elsewhere it is the previous call's answer (on CUDA copied to pinned
+    memory without blocking), so the loop runs one step past the last row's end."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._pending: tuple[Tensor, torch.cuda.Event] | None = None
+        self._pending: tuple[Tensor, torch.cuda.Event | None] | None = None
 
     def __call__(self, active: Tensor) -> bool:
-        if reads_are_free(self.device) or self.device.type != "cuda":
+        if reads_are_free(self.device):
             return bool(active.any())
-        host = torch.empty((), dtype=torch.bool, pin_memory=True)
-        host.copy_(active.any(), non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        previous, self._pending = self._pending, (host, event)
+        flag, event = active.any(), None
+        if self.device.type == "cuda":
+            host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            flag = host
+        previous, self._pending = self._pending, (flag, event)
         if previous is None:  # the first step: rows start unfinished
             return True
-        previous[1].synchronize()  # the step before the last one: already done, or nearly
+        if previous[1] is not None:
+            previous[1].synchronize()  # the step before the last one: already done, or nearly
         return bool(previous[0])

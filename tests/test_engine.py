@@ -73,28 +73,39 @@ def test_compiled_without_a_compiler_stops_before_generation(tmp_path: Path) -> 
     assert not (tmp_path / "run" / "samples").exists()
 
 
-def _sampled(name: str, bundle, prompts: list[str], seeds: list[int], batch: int) -> torch.Tensor:
+def _sampled(name: str, bundle, prompts: list[str], seeds: list[int], batch: int,
+             stats: list | None = None) -> torch.Tensor:
+    """Tokens [len(prompts), N] decoded `batch` at a time; per-image statistics into `stats`."""
     cfg = compose_cfg([f"decoder=[{name}]", "model=random"])
     decoder = _build(cfg.decoder[name])
     models = guided(bundle, decoder.sampling)
-    out = [decoder.generate(models, models.condition(prompts[i:i + batch]), seeds[i:i + batch]).tokens
-           for i in range(0, len(prompts), batch)]
+    out = []
+    for i in range(0, len(prompts), batch):
+        gen = decoder.generate(models, models.condition(prompts[i:i + batch]), seeds[i:i + batch])
+        out.append(gen.tokens)
+        if stats is not None:
+            stats += [s.as_row() for s in gen.stats]
     return torch.cat(out)
 
 
 @pytest.mark.parametrize("name", DECODERS)
 def test_every_decoder_is_batch_independent_on_both_host_paths(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampled decodes: batch 1 equals batch 4, and the accelerator path (no host reads: static
-    widths, optional work done under a mask) draws the very tokens the CPU path draws."""
+    widths, optional work done under a mask, the loop's check read one step late, so one step
+    runs after every row finished) draws the very tokens and counts the very statistics of the
+    CPU path."""
     bundle = build(grid=8, vocab=64, dim=64)
     prompts = [PROMPTS[i % 3] for i in range(4)]
     seeds = [11, 12, 13, 14]
     alone = _sampled(name, bundle, prompts, seeds, 1)
-    together = _sampled(name, bundle, prompts, seeds, 4)
+    cpu_stats: list = []
+    together = _sampled(name, bundle, prompts, seeds, 4, cpu_stats)
     assert torch.equal(alone, together), name
     monkeypatch.setattr(hostsync, "reads_are_free", lambda device: False)
-    accelerator = _sampled(name, bundle, prompts, seeds, 4)
+    accelerator_stats: list = []
+    accelerator = _sampled(name, bundle, prompts, seeds, 4, accelerator_stats)
     assert torch.equal(accelerator, together), name
+    assert accelerator_stats == cpu_stats, name
     assert len({tuple(t.tolist()) for t in together}) > 1  # not a degenerate model
 
 
