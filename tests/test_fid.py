@@ -254,3 +254,26 @@ def test_kid_standard_error_matches_the_spread_of_independent_draws() -> None:
     spread, estimate = float(np.std(draws, ddof=1)), float(np.median(errors))
     assert estimate > 0 and 0.6 < estimate / spread < 1.6, (estimate, spread)
     assert math.isnan(kernel_distance(a[:3], b[:3], subsets=5, subset_size=1000)[1])
+
+
+def test_shapes_reference_statistics_are_cached_per_prompts_n_and_seed(tmp_path: Path) -> None:
+    """The ground-truth features of the shapes world are computed once per (prompts, N, seed,
+    size) and never reused for another N or another image seed."""
+    def images(root: Path, n: int, seed: int) -> SampleSet:
+        samples = SampleSet(root)
+        for spec in plan(shapes(n), 1, seed):
+            samples.write(spec, np.random.default_rng(spec.seed).integers(0, 256, (32, 32, 3), dtype=np.uint8), {})
+        return samples
+
+    ev = make_evaluator(tmp_path, reference="shapes", resolution=None, kid_subset_size=4)
+    cached = lambda: sorted(p.name for p in (tmp_path / "cache").glob("*.npz"))  # noqa: E731
+    first = ev.evaluate(images(tmp_path / "a", 8, 0)).summary
+    assert len(cached()) == 1
+    ev._extractor = _Failing(ev._extractor, limit=8)  # the same set again: its samples only
+    assert ev.evaluate(images(tmp_path / "a2", 8, 0)).summary["value"].iloc[0] == pytest.approx(
+        first["value"].iloc[0], abs=1e-9)
+    assert len(cached()) == 1
+    ev._extractor = PoolFeatures()
+    ev.evaluate(images(tmp_path / "b", 6, 0))  # another N
+    ev.evaluate(images(tmp_path / "c", 8, 1))  # another seed
+    assert len(cached()) == 3
