@@ -6,7 +6,7 @@ verdicts) under --out, rendered with harness.report. benchmarks/mulo.py times de
     python benchmarks/mulo_quality.py [--model shapes_x2] [--prompts 1536] [--start 0] [--seed 2]
                                       [--batch 256] [--device auto] [--threads N] [--out DIR]
                                       [--variant NAME=DECODER[:KEY=VALUE,...] ...] [--set KEY=VALUE ...]
-                                      [--samples DIR]
+                                      [--samples DIR] [--fid]
 
 A variant names a decoder of the harness config (raster, zipar, mulo_sd, ...) and overrides of that
 decoder's keys, e.g. `tau0=mulo_sd:accept.tau=0.0,draft.window=8`; it becomes decoder NAME of the
@@ -22,6 +22,11 @@ Besides GenEval each row gives the share of images failing each kind of GenEval 
 fail several): `missing` (an asked-for object is not found: fewer than its count), `extra` (more
 objects than a counting prompt allows), `color` (found, not of the asked colour) and `position`
 (found, not in the asked relation). Images are drawn at the held-out seed 2 (benchmarks/goal.py).
+
+`--fid` also scores FID and KID against the ground-truth renders (fid_shapes), adds raster from
+another draw of the image seeds (`raster_redrawn`: the metrics' own noise at this N) and prints the
+quality verdict of each row (benchmarks/goal.py: GenEval gap >= -0.02 and FID within 10% of raster's
+or KID within the noise band).
 """
 from __future__ import annotations
 
@@ -34,9 +39,9 @@ from typing import Sequence
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (CONF, DRAFTER_FORWARDS, GAP, GENEVAL, TARGET_FORWARDS,  # noqa: E402
+from benchmarks.common import (CONF, DRAFTER_FORWARDS, FID, GAP, GENEVAL, KID, TARGET_FORWARDS,  # noqa: E402
                                compose_config, decoder_table, header, mirrored, out_dir, quiet, run_job, variant)
-from benchmarks.goal import HELD_OUT_SEED  # noqa: E402
+from benchmarks.goal import GOAL, HELD_OUT_SEED, REDRAWN, detail, rows_of  # noqa: E402
 from harness.report.specs import MetricSpec  # noqa: E402
 
 # The x2 world's rows quoted in the README (MuLo-SD drafts with ZipAR window 8 on the 16-wide drafter).
@@ -112,10 +117,13 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     add("--variant", action="append", default=None, metavar="NAME=DECODER[:K=V,...]",
         help="a row (repeatable; default: the x2 world's rows in the README)")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override of every row (repeatable)")
+    add("--fid", action="store_true", help="also FID/KID, raster_redrawn and the quality verdict")
     a = ap.parse_args(argv)
     quiet()
     try:
         rows = [parse_variant(v) for v in (a.variant or X2_VARIANTS)]
+        if a.fid and REDRAWN not in {n for n, _, _ in rows}:
+            rows.insert(0, (REDRAWN, REDRAWN, []))
     except ValueError as err:
         ap.error(str(err))
     if any("=" not in o for o in a.set):
@@ -128,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         raise ValueError(f"no decoder {unknown[0]!r}; the decoders are {sorted(known)} (conf/decoder/)")
     overrides = ["decoder=[raster]", "name=mulo_quality", f"seed={a.seed}", f"dataset.n={a.start + a.prompts}",
                  f"dataset_start={a.start}", f"dataset_limit={a.prompts}", f"batch_size={a.batch}",
-                 "timing.images=0", f"device={a.device}", "evaluator=[speed,geneval_shapes]",
+                 "timing.images=0", f"device={a.device}",
+                 f"evaluator=[speed,geneval_shapes{',fid_shapes' if a.fid else ''}]",
+                 *(["evaluator.fid_shapes.show_progress=false"] if a.fid else []),
                  "evaluator.geneval_shapes.show_progress=false", *([f"threads={a.threads}"] if a.threads else []),
                  *([f"samples_dir={a.samples}"] if a.samples else []),
                  *(o for name, decoder, keys in rows for o in variant(name, decoder, keys)), *a.set]
@@ -141,9 +151,29 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
                  out=out) + "".join(f" {o}" for o in a.set), flush=True)
     summary = with_shares(run_job(compose_config(overrides, a.model), out), out)
     labels = {"raster": "raster", **{n: n for n, _, _ in rows}}
+    columns = (TARGET_FORWARDS, DRAFTER_FORWARDS, GENEVAL, GAP, *((FID, KID) if a.fid else ()), *SHARES)
     print(decoder_table(summary, f"quality ({a.model}, seed {a.seed}, prompts {a.start}..{a.start + a.prompts})",
-                        labels, (TARGET_FORWARDS, DRAFTER_FORWARDS, GENEVAL, GAP, *SHARES)), flush=True)
+                        labels, columns), flush=True)
+    if a.fid:
+        print(*quality_verdicts(rows_of(summary)), sep="\n", flush=True)
     return summary
+
+
+def quality_verdicts(rows: list[dict]) -> list[str]:
+    """One line per row: whether it keeps raster's quality (GenEval gap and image detail)."""
+    raster = next(r for r in rows if r["decoder"] == "raster")
+    redrawn = next((r for r in rows if r["decoder"] == REDRAWN), None)
+    lines = []
+    for row in rows:
+        if row["decoder"] in ("raster", REDRAWN):
+            continue
+        kept = detail(row, raster, GOAL, redrawn)
+        geneval = row["gap"] >= GOAL["gap"]
+        verdict = "keeps quality" if geneval and kept else "loses " + " and ".join(
+            [w for w, lost in (("GenEval", not geneval), ("detail", kept is False)) if lost] or ["nothing measured"])
+        lines.append(f"{row['decoder']}: {verdict} (gap {row['gap']:+.3f} +- {row['gap_se']:.3f}, FID {row['fid']:.1f} "
+                     f"vs {raster['fid']:.1f}, KID {row['kid'] - raster['kid']:+.4f} vs raster)")
+    return lines
 
 
 if __name__ == "__main__":
