@@ -406,7 +406,10 @@ def test_bucketed_and_exact_widths_give_identical_tokens(bundle: ModelBundle,
         assert torch.equal(tokens, exact[0]), name
         assert stats == exact[1], name
     assert runs["default cpu"][2] == exact[2]
-    assert runs["default accelerator"][2] == runs["bucketed"][2] != exact[2]
+    accelerator, bucketed = runs["default accelerator"][2], runs["bucketed"][2]
+    # off the CPU the loop's "any row left" check is read one step late: one more verification
+    assert accelerator[:len(bucketed)] == bucketed and len(accelerator) - len(bucketed) <= 1
+    assert bucketed != exact[2]
     assert all(w & (w - 1) == 0 or w == 64 for w in runs["bucketed"][2][1:]), "powers of two (or L)"
 
 
