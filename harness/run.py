@@ -140,7 +140,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = _device(cfg.device)
-    engine.check(str(cfg.get("engine") or "eager"), device)
+    if "generate" in cfg.stages:  # scoring stored samples compiles nothing
+        engine.check(str(cfg.get("engine") or "eager"), device)
     jobs_plan = preflight.check(cfg)  # incompatible decoders / evaluators, missing weights: before anything
     decoders = {n: node for n, node in _decoders(cfg).items() if n in jobs_plan.decoders}
     if not decoders:
