@@ -77,7 +77,7 @@ def apply(bundle: ModelBundle, engine: str, device: torch.device) -> int:
     count = 0
     for gpt in _gpts(bundle):
         if not gpt.compiled:
-            gpt.compile(mode(device))
+            gpt.compile_cached(mode(device))
             count += 1
     _COMPILED[0] += count
     log.info("engine=compiled: %d model(s) compile their cached forward (mode %s)", count, mode(device))

@@ -22,6 +22,10 @@ nodes of one depth share a position and each has a slot of its own, and `move_ca
 entries of an accepted path to their positions' slots. Every forward keeps the last hidden states
 after the final norm of the positions it computed in `last_hidden` (the features an EAGLE head
 reads; no extra forward).
+
+Decode engine (harness/engine.py): `setup_cache` allocates the cache and the slot-causal mask table
+once per shape and reuses them; `compile_cached` compiles the cached forward's layers (one graph
+per input shape) for `engine=compiled`.
 """
 from __future__ import annotations
 
@@ -230,7 +234,7 @@ class GPT(nn.Module):
         hidden = self.norm(h)
         return self.output(hidden).float(), hidden
 
-    def compile(self, mode: str | None = None) -> None:  # type: ignore[override]
+    def compile_cached(self, mode: str | None = None) -> None:
         """Compile the cached forward's layers (`torch.compile`, one graph per input shape;
         `mode="reduce-overhead"` captures CUDA graphs). Training forwards stay eager."""
         compiled = torch.compile(self._run_layers, mode=mode, dynamic=False)
