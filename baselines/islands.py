@@ -9,9 +9,10 @@ j * window + k, so row j + 1 starts once row j has `window` tokens. Forwards in 
 is drawn are skipped (the step indices are made dense), so a schedule never idles.
 
 Everything here is O(B * N) work with static shapes (N = rows * cols; no [B, L, L] pairwise
-tensors). The one host read is the labelling's convergence check (harness/hostsync.py): after
-every pass on the CPU, where it is free, and after every CHUNK passes elsewhere, where it is a
-synchronisation; a pass also hooks and jumps pointers, so few passes are needed.
+tensors). The labelling's convergence check is its only host read (harness/hostsync.py): after
+every pass on the CPU, where it is free; elsewhere a caller may run a fixed number of passes and
+read their "settled" flag together with its own values (IslandResampler.fill: one read per fill),
+or check every CHUNK passes. A pass also hooks and jumps pointers, so few passes are needed.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _label_pass(labels: Tensor, marked: Tensor, grid: tuple[int, int]) -> Tensor
     return named.gather(1, named[:, :n].long())
 
 
-def label_islands(marked: Tensor) -> Tensor:
+def label_islands(marked: Tensor, passes: int | None = None, unsettled: list[Tensor] | None = None) -> Tensor:
     """marked [B, R, C] bool -> labels [B, R, C] int64: the smallest raster index of each cell's
     8-connected component, -1 outside `marked`.
 
@@ -49,11 +50,22 @@ def label_islands(marked: Tensor) -> Tensor:
     a few passes, not one per cell of its length (a 64 x 64 serpentine: 12 passes, against 2017
     with the minimum alone). Labels only decrease, and each stays the index of a cell of its
     component, so a pass that changes nothing has reached the fixed point: then no neighbour of a
-    cell has a smaller label, so a component holds one label, its smallest index."""
+    cell has a smaller label, so a component holds one label, its smallest index.
+
+    With `passes`, exactly that many passes run and nothing is read: whether the last one still
+    changed a label goes into `unsettled` (a 0-d bool tensor) for the caller to read with its own
+    values (IslandResampler.fill reads it with its plan, and labels again the rare time it is set)."""
     b, rows, cols = marked.shape
     n = rows * cols
     flat = marked.reshape(b, n)
     labels = torch.where(flat, torch.arange(n, device=marked.device, dtype=torch.float32), float(n))
+    if passes is not None:
+        before = labels
+        for _ in range(passes):
+            before, labels = labels, _label_pass(labels, flat, (rows, cols))
+        if unsettled is not None:
+            unsettled.append((before != labels).any())
+        return torch.where(flat, labels.long(), -1).view(b, rows, cols)
     chunk = 1 if hostsync.reads_are_free(marked.device) else CHUNK
     while True:
         for _ in range(chunk):
@@ -63,7 +75,8 @@ def label_islands(marked: Tensor) -> Tensor:
     return torch.where(flat, labels.long(), -1).view(b, rows, cols)
 
 
-def block_islands(members: Tensor, start: Tensor, grid: tuple[int, int]) -> Tensor:
+def block_islands(members: Tensor, start: Tensor, grid: tuple[int, int], passes: int | None = None,
+                  unsettled: list[Tensor] | None = None) -> Tensor:
     """members [B, L] bool block offsets -> [B, L] int64 island label of each member, -1 for
     non-members (labels are raster indices, comparable within a row of the batch; an island's
     label is the raster index of its first member, so label - start is that member's offset)."""
@@ -72,7 +85,7 @@ def block_islands(members: Tensor, start: Tensor, grid: tuple[int, int]) -> Tens
     index = (start[:, None] + torch.arange(length, device=members.device)).clamp(max=rows * cols)
     board = torch.zeros(b, rows * cols + 1, dtype=torch.bool, device=members.device)
     board.scatter_(1, index, members)
-    labels = label_islands(board[:, :-1].view(b, rows, cols)).view(b, -1)
+    labels = label_islands(board[:, :-1].view(b, rows, cols), passes, unsettled).view(b, -1)
     labels = torch.cat([labels, torch.full((b, 1), -1, device=members.device, dtype=torch.long)], 1)
     return torch.where(members, labels.gather(1, index), -1)
 
@@ -106,14 +119,15 @@ def _rank_in_group(key: Tensor, counted: Tensor) -> Tensor:
 
 
 def island_steps(resample: Tensor, first: Tensor, start: Tensor, grid: tuple[int, int],
-                 window: int) -> tuple[Tensor, Tensor]:
+                 window: int, passes: int | None = None,
+                 unsettled: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """The parallel schedule. resample [B, L] bool (R_X without t0), first [B] (t0; L = none),
     start [B] -> (steps [B, L] int64 dense, -1 elsewhere; island labels [B, L] of R_X with t0)."""
     rows, cols = grid
     length = resample.shape[1]
     offsets = torch.arange(length, device=resample.device)
     members = resample | (offsets[None] == first[:, None])
-    labels = block_islands(members, start, grid)
+    labels = block_islands(members, start, grid, passes, unsettled)
     row, _ = block_coordinates(start, length, cols)
     top = labels.clamp_min(0) // cols  # an island's first row holds its label (smallest index)
     # k: rank within the island row among resampled positions, left to right (a block row's

@@ -27,8 +27,9 @@ forwards the batch needs and, for each, its widths (the most inputs and the most
 of a row), one small tensor, since Python must know the loop's length and the shapes. Off the CPU
 the widths are rounded up to powers of two (at most L), so a compiled model sees few shapes; the
 padding inputs go to the scratch position N - 1 and padded draws write back the tokens already
-there, so no token changes. The island labelling (baselines/islands.py) adds one read per chunk
-of its passes. No step builds a [B, L, L] tensor.
+there, so no token changes. Off the CPU the island labelling (baselines/islands.py) runs
+LABEL_PASSES passes and its "settled" flag is read with the plan; a labelling that has not settled
+(rare) is finished with checks, at the cost of more reads. No step builds a [B, L, L] tensor.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from baselines.canvas import Canvas, Context, feed_positions
+from baselines.canvas import Canvas, Context, feed_positions, span
 from baselines.islands import block_islands, island_steps, serial_steps
 from baselines.pooled import anchor_table, anchored
 from baselines.scope import Resolution
@@ -53,6 +54,7 @@ KV_MODES = ("refresh", "stale", "inline")
 # Round forward widths up to powers of two (the same tokens either way); None: where reads are not
 # free. On the CPU exact widths are faster (a 32 x 32 random model: about 15 %).
 BUCKET: bool | None = None
+LABEL_PASSES = 8  # island labelling passes off the CPU before its settled flag is read (islands.py)
 
 
 def pack(selected: Tensor, width: int) -> tuple[Tensor, Tensor]:
@@ -101,18 +103,16 @@ class IslandResampler:
         """Redraw res.resample (offsets from canvas.frontier); return (resolution with kv_valid
         for the kv mode, target forwards [B])."""
         start, length = canvas.frontier, res.resample.shape[1]
-        offsets = torch.arange(length, device=start.device)
-        if self.schedule == "serial":
-            steps = serial_steps(res.resample)
-            members = res.resample | (offsets[None] == res.first[:, None])
-            labels = block_islands(members, start, ctx.grid)
-        else:
-            steps, labels = island_steps(res.resample, res.first, start, ctx.grid, self.window)
+        # off the CPU the labelling runs a fixed number of passes and its "settled" flag is read
+        # with the plan; the rare unsettled labelling is finished with checks (more reads)
+        passes = None if hostsync.reads_are_free(start.device) else LABEL_PASSES
+        unsettled: list[Tensor] = []
+        steps, labels = self._schedule(ctx, res, start, passes, unsettled)
         u = ctx.streams.draw((length,))  # L draws per image, used or not
-        forwards = steps.max(-1).values + 1  # [B]
-        ready = self._kept_ready(steps, res) if self.kv == "inline" else None
-        plan = torch.cat([forwards.max().view(1), self._widths(steps, res.first, ready).flatten()])
-        count, *widths = plan.tolist()  # the fill's one host read
+        count, widths, forwards, ready = self._plan(steps, res, unsettled)  # the fill's one host read
+        if count < 0:
+            steps, labels = self._schedule(ctx, res, start, None, [])
+            count, widths, forwards, ready = self._plan(steps, res, [])
         rounded = BUCKET
         if rounded is None:  # few shapes where reads are not free or forwards are compiled per shape
             rounded = not hostsync.reads_are_free(start.device) or engine.compiled_anywhere()
@@ -123,6 +123,28 @@ class IslandResampler:
             self._forward(ctx, canvas, steps, res.first, s, u, (feed, drawn), ready)
         self._count(ctx, res, labels, forwards, start)
         return replace(res, kv_valid=self._kv_valid(res, steps, forwards, ready)), forwards
+
+    def _schedule(self, ctx: Context, res: Resolution, start: Tensor, passes: int | None,
+                  unsettled: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """(steps [B, L], island labels [B, L]) of this fill's schedule (islands.py)."""
+        if self.schedule == "serial":
+            offsets = span(res.resample.shape[1], start.device)
+            members = res.resample | (offsets[None] == res.first[:, None])
+            return serial_steps(res.resample), block_islands(members, start, ctx.grid, passes, unsettled)
+        return island_steps(res.resample, res.first, start, ctx.grid, self.window, passes, unsettled)
+
+    def _plan(self, steps: Tensor, res: Resolution, unsettled: list[Tensor]
+              ) -> tuple[int, list[int], Tensor, Tensor | None]:
+        """One host read: (forwards of the fill, or -1 when the labelling had not settled; each
+        step's widths, inputs then drawn positions; forwards [B]; the kept drafts' re-feed steps
+        (kv "inline") or None)."""
+        forwards = steps.max(-1).values + 1  # [B]
+        ready = self._kept_ready(steps, res) if self.kv == "inline" else None
+        count = forwards.max().view(1)
+        if unsettled:
+            count = torch.where(torch.stack(unsettled).any(), -1, count)
+        first, *widths = torch.cat([count, self._widths(steps, res.first, ready).flatten()]).tolist()
+        return first, widths, forwards, ready
 
     @staticmethod
     def _kept_ready(steps: Tensor, res: Resolution) -> Tensor:

@@ -441,8 +441,8 @@ class _Reads:
 @pytest.mark.parametrize("schedule", ["parallel", "serial"])
 def test_a_fill_reads_the_device_once_plus_once_per_labelling_chunk(
         bundle: ModelBundle, schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the accelerator path (hostsync says reads are not free) a fill's reads are one .tolist
-    and the labelling's convergence checks, one per CHUNK passes; the target model is not counted."""
+    """On the accelerator path (hostsync says reads are not free) a fill reads the device once: its
+    plan with the labelling's settled flag (LABEL_PASSES fixed passes); the model is not counted."""
     models = guided(bundle, SAMPLED)
     monkeypatch.setattr(hostsync, "reads_are_free", lambda device: False)
     reads = _Reads(monkeypatch)
@@ -475,5 +475,23 @@ def test_a_fill_reads_the_device_once_plus_once_per_labelling_chunk(
         del models.target.forward
     assert fills and any(s.extra["resample_forwards"] > 1 for s in out.stats), "the test needs resampling"
     for other, equals, passes_run in fills:
-        assert other <= 1, "one read for the forwards and their widths"
-        assert equals == passes_run // islands.CHUNK >= 1, "one convergence check per chunk of passes"
+        # the labelling's fixed passes settled: their flag came with the plan, the fill's one read
+        assert (other, equals, passes_run) == (1, 0, resampling.LABEL_PASSES)
+
+
+def test_an_unsettled_labelling_is_finished_and_gives_the_same_tokens(
+        bundle: ModelBundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With too few fixed passes the plan's flag says so; the fill labels again with checks and
+    decodes exactly what the CPU path decodes."""
+    models = guided(bundle, SAMPLED)
+    cond = models.condition(PROMPTS)
+    want = _decoder(IslandResampler("parallel", window=2)).generate(models, cond, [1, 2, 3]).tokens
+    monkeypatch.setattr(hostsync, "reads_are_free", lambda device: False)
+    monkeypatch.setattr(resampling, "LABEL_PASSES", 1)
+    schedules = []
+    schedule = IslandResampler._schedule
+    monkeypatch.setattr(IslandResampler, "_schedule",
+                        lambda self, *a: schedules.append(a[3]) or schedule(self, *a))  # a[3]: passes
+    got = _decoder(IslandResampler("parallel", window=2)).generate(models, cond, [1, 2, 3]).tokens
+    assert None in schedules, "some labelling did not settle in one pass and was finished with checks"
+    assert torch.equal(got, want)

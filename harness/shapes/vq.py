@@ -22,6 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from harness import hostsync
+
 DOWNSAMPLE = 4
 COMMIT_BETA = 0.25
 
@@ -232,7 +234,9 @@ class ShapesVQ(nn.Module):
         """Token indices int [B, h, w] -> uint8 images [B, 3, 4h, 4w] (fp32, no autocast)."""
         if tokens.dim() != 3:
             raise ValueError(f"expected tokens [B, h, w], got {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.codebook_size):
+        # checked where reading is free; on a GPU an id out of range fails in the indexing itself
+        if tokens.numel() and hostsync.reads_are_free(tokens.device) and (
+                int(tokens.min()) < 0 or int(tokens.max()) >= self.codebook_size):
             raise ValueError(f"token ids must lie in [0, {self.codebook_size})")
         z = self.codebook[tokens.long()].permute(0, 3, 1, 2)
         with torch.autocast(tokens.device.type, enabled=False):
