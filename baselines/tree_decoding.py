@@ -93,8 +93,7 @@ class TreeDecoder:
         step = torch.arange(levels, device=device)
         scratch = seq + torch.arange(m, device=device)
         running = Running(device)  # the loop's one host read per round (harness/hostsync.py)
-        while running(root < n_tokens - 1):
-            active = root < n_tokens - 1
+        while running(active := root < n_tokens - 1):
             remaining = (n_tokens - 1 - root).clamp_min(0)  # positions after the root
             tree = run.expand(root)
             block = torch.cat([tokens.gather(1, root[:, None]), tree.tokens], 1)  # [B, 1+m]

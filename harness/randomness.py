@@ -101,9 +101,6 @@ class ImageStreams:
     def batch(self) -> int:
         return int(self.keys.shape[0])
 
-    def __len__(self) -> int:
-        return self.batch
-
     def draw(self, shape: tuple[int, ...]) -> Tensor:
         """The next prod(shape) uniforms of every image -> [B, *shape] float32."""
         count = math.prod(shape)

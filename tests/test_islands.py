@@ -17,7 +17,7 @@ from baselines import islands, resampling
 from baselines.islands import block_islands, dense, island_steps, label_islands, serial_steps
 from baselines.local import LocalScope, block_coordinates
 from baselines.lowres import LowResDraft
-from baselines.pooled import PooledThresholdRule, anchor_table, anchored
+from baselines.pooled import PooledThresholdRule
 from baselines.resampling import IslandResampler
 from baselines.scope import Resolution
 from baselines.speculative import SpeculativeDecoder
@@ -26,7 +26,6 @@ from harness import engine, hostsync
 from harness.api import ModelBundle, SamplingParams
 from harness.models.random_init import build
 from harness.run import guided
-from harness.sampling import inverse_cdf, probs
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, cfg_scale=2.0)
@@ -108,8 +107,9 @@ def _reference_pack(selected: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _ReferenceResampler(IslandResampler):
-    """The resampler's fill as it was: the reference schedules, one read per forward count and two
-    per forward (exact widths)."""
+    """The resampler's fill as it was: the reference schedules and statistics, reads per forward,
+    exact widths; the forward itself is the resampler's (only its packing width changed, which
+    test_widths_are_the_packed_counts and test_pack_pads_with_unselected_offsets check)."""
 
     def fill(self, ctx, canvas, res):  # type: ignore[no-untyped-def]
         start, length = canvas.frontier, res.resample.shape[1]
@@ -123,41 +123,15 @@ class _ReferenceResampler(IslandResampler):
         u = ctx.streams.draw((length,))  # L draws per image, used or not
         forwards = steps.max(-1).values + 1  # [B]
         ready = self._kept_ready(steps, res) if self.kv == "inline" else None
+        widths = self._widths(steps, res.first, ready)  # exact: test_widths_are_the_packed_counts
         for s in range(int(forwards.max())):
-            self._reference_forward(ctx, canvas, steps, res.first, s, u, ready)
+            self._forward(ctx, canvas, steps, res.first, s, u, (int(widths[0, s]), int(widths[1, s])), ready)
         ctx.count("verify_forwards", (res.advance > 0).long())
         ctx.count("resample_forwards", forwards)
         for name, values in _reference_statistics(labels).items():
             ctx.count(name, values, reduce="max" if name == "island_size_max" else "sum")
         return replace(res, kv_valid=self._kv_valid(res, steps, forwards, ready)), forwards
 
-    def _reference_forward(self, ctx, canvas, steps, first, s, u, ready=None):  # type: ignore[no-untyped-def]
-        start, (b, length) = canvas.frontier, steps.shape
-        offsets = torch.arange(length, device=start.device)
-        fresh = (steps == s - 1) if s else (offsets[None] == first[:, None])
-        if ready is not None:
-            fresh = fresh | (ready == s)
-        drawn = steps == s
-        queries = torch.cat([drawn[:, 1:], torch.zeros_like(drawn[:, :1])], 1)  # offset o predicts o + 1
-        feed, feed_ok = _reference_pack(fresh | queries)
-        index = start[:, None] + feed
-        tokens = canvas.tokens.gather(1, index)
-        positions = torch.where(feed_ok, resampling.feed_positions(index, ctx.n_tokens), ctx.n_tokens - 1)
-        mask = self._mask(ctx, start, positions, steps >= s) if self.context == "masked" else None
-        logits = ctx.models.target.forward(tokens, positions, mask)  # [B, W, V]
-        slot_of = torch.zeros(b, length + 1, dtype=torch.long, device=start.device)  # offset -> input
-        inputs = torch.arange(feed.shape[1], device=start.device).expand(b, -1)
-        slot_of.scatter_(1, torch.where(feed_ok, feed, length), inputs)
-        out, out_ok = _reference_pack(drawn)
-        source = slot_of.gather(1, (out - 1).clamp_min(0))
-        picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
-        where = start[:, None] + out
-        there = canvas.tokens.gather(1, where)
-        p = probs(picked, ctx.sampling)
-        if self.anchor:
-            p = anchored(p, there, anchor_table(ctx, self.anchor))
-        new = inverse_cdf(p, u.gather(1, out))
-        canvas.tokens.scatter_(1, where, torch.where(out_ok, new, there))
 
 
 # ----------------------------------------------------------------------------- random inputs
