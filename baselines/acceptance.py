@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from baselines.canvas import NEIGHBOUR_METRICS, Context
+from baselines.canvas import NEIGHBOUR_METRICS, Context, span
 from harness.hostsync import width
 
 
@@ -51,9 +51,9 @@ class AcceptanceRule(Protocol):
         ...
 
 
-def _at(dist: Tensor, tokens: Tensor) -> Tensor:
-    """dist [B, L, V], tokens [B, L] -> dist[b, l, tokens[b, l]] [B, L]."""
-    return dist.gather(-1, tokens[..., None]).squeeze(-1)
+def _at(dist: Tensor, x: Tensor) -> Tensor:
+    """dist [B, L, V], tokens as a column x [B, L, 1] -> dist[b, l, x[b, l]] [B, L]."""
+    return dist.gather(-1, x)[..., 0]
 
 
 def _normalise(mass: Tensor, fallback: Tensor) -> Tensor:
@@ -67,12 +67,13 @@ def speculative_verdict(p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor) 
     """Speculative sampling (Leviathan et al.; Chen et al.): accept draft x with probability
     min(1, p(x) / q(x)); on rejection resample from normalise(max(p - q, 0)). The output token is
     then distributed exactly as p whenever x ~ q."""
-    px = _at(p, drafts)
+    x = drafts[..., None]  # [B, L, 1]
+    px = _at(p, x)
     if q is None:  # q = one-hot(x): accept with probability p(x), residual = p without x
         accept = u < px
-        residual = p.scatter(-1, drafts[..., None], 0.0)
+        residual = p.scatter(-1, x, 0.0)
     else:
-        accept = u * _at(q, drafts) < px  # u < p/q without dividing (q(x) > 0 for a drawn x)
+        accept = u * _at(q, x) < px  # u < p/q without dividing (q(x) > 0 for a drawn x)
         residual = (p - q).clamp_min(0.0)
     return Verdict(accept=accept, residual=_normalise(residual, p))
 
@@ -97,8 +98,9 @@ class ExactRule:
                  ctx: Context) -> tuple[Tensor, Tensor]:
         """All children of a node at once (`candidate` one after the other, in closed form): sibling
         j (distinct tokens) is accepted when the earlier ones were not and u_j < p(x_j) / (1 - the
-        mass of the earlier ones). dist [B, V], xs / valid / u [B, K] -> (accepted sibling [B] or -1,
-        dist without every valid child, renormalised [B, V])."""
+        mass of the earlier ones). dist [..., V], xs / valid / u [..., K] (any leading dims, e.g. every
+        node of a tree) -> (accepted sibling [...] or -1, dist without every valid child, renormalised
+        [..., V])."""
         px = dist.gather(-1, xs) * valid
         before = px.cumsum(-1) - px
         ratio = torch.where(px > 0, px / (1.0 - before).clamp_min(1e-30), torch.zeros_like(px))
@@ -117,18 +119,18 @@ def lantern_boost(p: Tensor, drafts: Tensor, neighbours: Tensor, delta: float) -
     exactly m in total variation, so TVD(p, p~) <= delta.
 
     Args:
-        p: [B, L, V] target distributions; drafts: [B, L]; neighbours: [V, k] int64 table.
+        p: [B, L, V] target distributions; drafts: [B, L]; neighbours: [V, k] int64 table of each
+            code's nearest other codes (baselines/neighbours.py).
     Returns:
         p~ [B, L, V]; equal to p, bit for bit, when delta = 0.
     """
     near = neighbours[drafts]  # [B, L, k]
     near_p = p.gather(-1, near)  # [B, L, k]
     cum = near_p.cumsum(-1)
-    kept = cum <= delta  # a prefix, since cum is non-decreasing
-    count = kept.sum(-1, keepdim=True)  # m
-    moved = cum.gather(-1, (count - 1).clamp_min(0)).where(count > 0, 0.0)  # p(A) [B, L, 1]
+    kept = cum <= delta  # a prefix A, since cum is non-decreasing
+    moved = cum.where(kept, 0.0).amax(-1, keepdim=True)  # p(A) [B, L, 1]: cum at A's end, 0 if A is empty
     boosted = p.scatter(-1, near, near_p.masked_fill(kept, 0.0))
-    return boosted.scatter(-1, drafts[..., None], _at(p, drafts)[..., None] + moved)
+    return boosted.scatter_add_(-1, drafts[..., None], moved)  # x is not its own neighbour: p(x) + p(A)
 
 
 class LanternRule:
@@ -241,46 +243,62 @@ def sequential_siblings(rule: TreeRule, dist: Tensor, xs: Tensor, valid: Tensor,
     return taken, dist
 
 
-def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, u: Tensor, limit: Tensor, rule: TreeRule,
-                ctx: Context) -> TreeVerdict:
-    """Multi-candidate acceptance over a draft tree (module docstring), vectorised over rows; a rule
-    with `siblings` decides all children of a node at once (ExactRule), others one by one
-    (`sequential_siblings` over `candidate`).
+def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, depth: Tensor, u: Tensor, limit: Tensor,
+                rule: TreeRule, ctx: Context) -> TreeVerdict:
+    """Multi-candidate acceptance over a draft tree (module docstring), vectorised over rows.
+
+    The walk visits one node per level, and what happens at a node depends only on that node: its p
+    (the target already conditioned on the node's ancestry), its children and the uniforms of its
+    level. So the children of every node are decided at once — by the rule's `siblings` in closed
+    form (ExactRule) or one candidate after the other with `candidate` (`sequential_siblings`) —
+    and the walk then only follows the accepted child from the root, level by level.
 
     Args:
         p: [B, 1+m, V] the target's distribution after each block node (0 = the root).
         children: [B, 1+m, K] block indices of each node's children in rank order, -1 = none.
         tokens: [B, 1+m] the block's tokens.
+        depth: [B, m] the depth of nodes 1..m (1 = the root's children); node d's children are
+            decided with the uniforms of level d.
         u: [B, L, K] uniforms: one per (level, sibling), drawn whether used or not.
         limit: [B] most tokens a row may accept (positions left in its image).
         rule: decides the candidates (`siblings` or `candidate`).
     """
     b, levels, k = u.shape
-    rows = torch.arange(b, device=p.device)
+    n = p.shape[1]
     if children.numel():  # the widest sibling set: read on the CPU, all K columns elsewhere
         children = children[..., :max(width((children >= 0).sum(-1).max(), children.shape[-1]), 1)]
+    kk = children.shape[-1]
+    level = torch.cat([torch.zeros_like(depth[:, :1]), depth], 1)  # [B, 1+m]
+    # a node decides its children only inside the image and the drafted levels
+    valid = ((level < limit[:, None]) & (level < levels))[..., None] & (children >= 0)  # [B, 1+m, K']
+    xs = tokens.gather(1, children.clamp_min(0).flatten(1)).view(b, n, kk)
+    uu = u.gather(1, level.clamp(max=levels - 1)[..., None].expand(-1, -1, k))[..., :kk]
+    taken, after = _decide_children(rule, p, xs, valid, uu, ctx)  # [B, 1+m], [B, 1+m, V]
+    # the walk: an accepted child leads on, any other node is where the walk stops (a fixed point)
+    own = span(n, p.device).expand(b, -1)
+    step = torch.where(taken >= 0, children.gather(-1, taken.clamp_min(0)[..., None])[..., 0], own)
+    cur = torch.zeros(b, 1, dtype=torch.long, device=p.device)
+    reached = []
+    for _ in range(levels):
+        cur = step.gather(1, cur)
+        reached.append(cur)
+    stop = cur  # [B, 1]
+    accepted = level.gather(1, stop)[:, 0]  # every accepted child is one level deeper
+    path = torch.cat(reached, 1).masked_fill(span(levels, p.device) >= accepted[:, None], 0)
+    rejected = (valid.any(-1) & (taken < 0)).gather(1, stop)  # [B, 1]: every child of `stop` failed
+    at_stop = stop[..., None].expand(-1, -1, p.shape[-1])
+    dist = torch.where(rejected, after.gather(1, at_stop)[:, 0], p.gather(1, at_stop)[:, 0])
+    return TreeVerdict(path=path, accepted=accepted, dist=dist, rejected=rejected[:, 0])
+
+
+def _decide_children(rule: TreeRule, p: Tensor, xs: Tensor, valid: Tensor, u: Tensor,
+                     ctx: Context) -> tuple[Tensor, Tensor]:
+    """Every node's children at once: p [B, N, V], xs / valid / u [B, N, K] -> (the accepted child's
+    rank [B, N], -1 for none; each node's distribution after its rejections [B, N, V])."""
     siblings = getattr(rule, "siblings", None)
-    cur = torch.zeros(b, dtype=torch.long, device=p.device)
-    dist = p[:, 0]
-    searching = limit > 0
-    accepted = torch.zeros_like(cur)
-    path = torch.zeros(b, levels, dtype=torch.long, device=p.device)
-    rejected = torch.zeros_like(searching)
-    for level in range(levels):
-        kids = children[rows, cur]  # [B, K']
-        valid = (searching & (level < limit))[:, None] & (kids >= 0)
-        xs = tokens.gather(1, kids.clamp_min(0))
-        uu = u[:, level, :kids.shape[1]]
-        if siblings is not None:
-            taken, after = siblings(dist, xs, valid, uu, ctx)
-        else:
-            taken, after = sequential_siblings(rule, dist, xs, valid, uu, ctx)
-        moved = taken >= 0
-        tried = valid.any(-1) & ~moved
-        cur = torch.where(moved, kids.gather(1, taken.clamp_min(0)[:, None])[:, 0], cur)
-        path[:, level] = torch.where(moved, cur, path[:, level])
-        dist = torch.where(moved[:, None], p[rows, cur], torch.where(tried[:, None], after, dist))
-        rejected = torch.where(searching & ~moved, tried, rejected)
-        accepted += moved.long()
-        searching = searching & moved
-    return TreeVerdict(path=path, accepted=accepted, dist=dist, rejected=rejected)
+    if siblings is not None:
+        return siblings(p, xs, valid, u, ctx)
+    b, n, v = p.shape
+    taken, after = sequential_siblings(rule, p.reshape(b * n, v), xs.flatten(0, 1), valid.flatten(0, 1),
+                                       u.flatten(0, 1), ctx)
+    return taken.view(b, n), after.view(b, n, v)

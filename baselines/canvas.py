@@ -103,18 +103,24 @@ def feed_positions(index: Tensor, n_tokens: int) -> Tensor:
 @dataclass
 class Canvas:
     """tokens [B, N + pad] int64: committed tokens at positions < frontier, the current drafts
-    after it, padding beyond N (writes there are harmless); frontier [B], fed [B] int64."""
+    after it, padding beyond N (writes there are harmless); frontier [B], fed [B] int64. Made
+    once per call by `empty`, with two constants that every window read shares: rows [B, 1]
+    (0 .. B-1) and slots [N + pad] (the cache position of each raster index, `feed_positions`)."""
 
     tokens: Tensor
     frontier: Tensor
     fed: Tensor
     n_tokens: int
+    rows: Tensor = field(repr=False)
+    slots: Tensor = field(repr=False)
 
     @classmethod
     def empty(cls, batch: int, n_tokens: int, pad: int, device: torch.device) -> "Canvas":
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         tokens = torch.zeros(batch, n_tokens + pad, dtype=torch.long, device=device)
-        return cls(tokens=tokens, frontier=zeros.clone(), fed=zeros.clone(), n_tokens=n_tokens)
+        slots = feed_positions(span(n_tokens + pad, device), n_tokens)
+        return cls(tokens=tokens, frontier=zeros.clone(), fed=zeros.clone(), n_tokens=n_tokens,
+                   rows=span(batch, device)[:, None], slots=slots)
 
     @property
     def active(self) -> Tensor:
@@ -123,12 +129,13 @@ class Canvas:
 
     def read(self, start: Tensor, width: int) -> tuple[Tensor, Tensor]:
         """Per-row windows: start [B] -> (tokens [B, width], cache positions [B, width]) of raster
-        indices start .. start + width - 1 (out-of-range indices read padding and feed scratch)."""
+        indices start .. start + width - 1, which must lie in [-pad, N + pad). An index before the
+        image wraps around (Python indexing) to the padding, which feeds the scratch slot like
+        every index >= N - 1 (the tokens read there are never used)."""
         index = start[:, None] + span(width, start.device)
-        tokens = self.tokens.gather(1, index.clamp(0, self.tokens.shape[1] - 1))
-        return tokens, feed_positions(index, self.n_tokens)
+        return self.tokens[self.rows, index], self.slots[index]
 
-    def write(self, start: Tensor, values: Tensor) -> None:
-        """Write values [B, W] at raster indices start [B] .. start + W - 1 (into padding past N)."""
-        index = start[:, None] + span(values.shape[1], start.device)
-        self.tokens.scatter_(1, index.clamp(max=self.tokens.shape[1] - 1), values)
+    def write(self, index: Tensor, values: Tensor) -> None:
+        """Write values [B, W] at raster indices index [B, W] (< N + pad: a finished row, frontier
+        N, writes into the padding)."""
+        self.tokens.scatter_(1, index, values)

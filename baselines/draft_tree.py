@@ -21,6 +21,7 @@ every parent comes before its children.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -76,24 +77,36 @@ class TreeOptions:
                                    f"{model!r} ({vocab} codes); choose draft.top_k <= {vocab}")
 
 
-class Pool:
-    """The candidate pool of one round, [B, n] per field, grown level by level (pool index order:
-    a parent always has a smaller index than its children)."""
+@functools.lru_cache(maxsize=32)
+def pool_layout(depth: int, top_k: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The depth and sibling rank of every pool index [top_k + depth * top_k^2] each (the same in every
+    round): top_k root children at depth 1, then top_k^2 per expansion, each fed node's children
+    side by side in rank order. Made once per (depth, top_k, device); read them, never write them."""
+    ranks = torch.arange(top_k, device=device)
+    depths = [torch.ones(top_k, dtype=torch.long, device=device)]
+    depths += [torch.full((top_k * top_k,), i + 2, device=device) for i in range(depth)]
+    return torch.cat(depths), torch.cat([ranks, ranks.repeat(depth * top_k)])
 
-    def __init__(self) -> None:
-        self.fields: dict[str, list[Tensor]] = {k: [] for k in ("tokens", "parent", "depth", "score", "rank")}
+
+class Pool:
+    """The candidate pool of one round, grown level by level (pool index order: a parent always has
+    a smaller index than its children): tokens, parent (pool index, -1 = the root) and score
+    (cumulative log q) [B, n] per level; depth and rank [n] come from `pool_layout`."""
+
+    def __init__(self, options: TreeOptions, device: torch.device) -> None:
+        self.depth, self.rank = pool_layout(options.depth, options.top_k, device)
+        self.levels = options.levels
+        self.fields: dict[str, list[Tensor]] = {k: [] for k in ("tokens", "parent", "score")}
 
     @property
     def size(self) -> int:
         return sum(t.shape[1] for t in self.fields["tokens"])
 
-    def add(self, tokens: Tensor, parent: Tensor, depth: int, score: Tensor, rank: Tensor) -> None:
-        """tokens, parent (pool index, -1 = the root), score (cumulative log q), rank: [B, n]."""
+    def add(self, tokens: Tensor, parent: Tensor, score: Tensor) -> None:
+        """The next level's nodes, in `pool_layout` order: tokens, parent, score [B, n]."""
         self.fields["tokens"].append(tokens)
         self.fields["parent"].append(parent)
-        self.fields["depth"].append(torch.full_like(tokens, depth))
         self.fields["score"].append(score.float())
-        self.fields["rank"].append(rank)
 
     def get(self, name: str) -> Tensor:
         return torch.cat(self.fields[name], dim=1)
@@ -122,15 +135,12 @@ def select(pool: Pool, nodes: int, top_k: int) -> DraftTree:
     score = pool.get("score")
     order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :nodes]
     chosen = torch.sort(order, dim=1).values  # pool order: parents first
-    parent_pool = pool.get("parent").gather(1, chosen)
-    # block index of the parent: its place among the chosen (+1), or 0 for the root's children
-    found = torch.searchsorted(chosen, parent_pool.clamp_min(0).contiguous())
-    parent = torch.where(parent_pool < 0, torch.zeros_like(found), found + 1)
-    rank = pool.get("rank").gather(1, chosen)
-    return DraftTree(tokens=pool.get("tokens").gather(1, chosen), depth=pool.get("depth").gather(1, chosen),
-                     parent=parent, rank=rank, score=score.gather(1, chosen),
-                     children=children_table(parent, rank, top_k),
-                     ancestry=ancestry(parent, len(pool.fields["tokens"])))
+    # block index of the parent = how many chosen nodes precede it or are it (0 for the root, -1)
+    parent = torch.searchsorted(chosen, pool.get("parent").gather(1, chosen), right=True)
+    rank = pool.rank[chosen]
+    return DraftTree(tokens=pool.get("tokens").gather(1, chosen), depth=pool.depth[chosen], parent=parent,
+                     rank=rank, score=score.gather(1, chosen), children=children_table(parent, rank, top_k),
+                     ancestry=ancestry(parent, pool.levels))
 
 
 def children_table(parent: Tensor, rank: Tensor, top_k: int) -> Tensor:
@@ -147,13 +157,13 @@ def ancestry(parent: Tensor, max_depth: int | None = None) -> Tensor:
     is node i or an ancestor of i (the root is everyone's). `max_depth`: the deepest node's depth
     (default m), the number of steps up the tree."""
     b, m = parent.shape
-    full = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=parent.device), parent], 1)  # root -> root
-    anc = torch.eye(1 + m, dtype=torch.bool, device=parent.device).expand(b, -1, -1)
-    up = full  # each node's ancestor t + 1 steps up (the root once reached)
-    for _ in range(m if max_depth is None else max_depth):
-        anc = anc | torch.nn.functional.one_hot(up, 1 + m).bool()
-        up = full.gather(1, up)
-    return anc
+    up = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=parent.device), parent], 1)  # root -> root
+    steps = [up]  # each node's ancestor t + 1 steps up (the root once reached), t = 0 .. max_depth - 1
+    for _ in range((m if max_depth is None else max_depth) - 1):
+        steps.append(up.gather(1, steps[-1]))
+    anc = torch.zeros(b, 1 + m, 1 + m, dtype=torch.bool, device=parent.device)
+    itself = torch.eye(1 + m, dtype=torch.bool, device=parent.device)
+    return anc.scatter_(2, torch.stack(steps, 2), True) | itself
 
 
 def tree_attention(anc: Tensor, root_slot: Tensor, scratch: int, width: int) -> Tensor:

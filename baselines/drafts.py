@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from baselines.canvas import Canvas, Context, feed_positions, span
+from baselines.canvas import Canvas, Context, span
 from baselines.scope import Resolution
 from harness.api import ModelBundle
 from harness.sampling import probs, sample_from
@@ -118,13 +118,17 @@ class JacobiDraft(DraftSource):
 
 
 class _JacobiRun(DraftRun):
+    """The window of L guesses (tokens [B, L], q [B, L, V]) for positions frontier .. frontier +
+    L - 1, and the uniform distribution [V] (made once) that random guesses come from."""
+
     def __init__(self, source: JacobiDraft, ctx: Context, canvas: Canvas) -> None:
         self.source, self.ctx = source, ctx
-        b, length = ctx.batch, source.length
-        nothing = torch.zeros(b, dtype=torch.long, device=ctx.device)
-        self.tokens, self.q = self._initialise(
-            canvas, torch.zeros(b, length, dtype=torch.long, device=ctx.device),
-            torch.zeros(b, length, ctx.vocab, device=ctx.device), carried=nothing)
+        b, length, v = ctx.batch, source.length, ctx.vocab
+        self.uniform = torch.full((v,), 1.0 / v, device=ctx.device)
+        tokens = torch.zeros(b, length, dtype=torch.long, device=ctx.device)
+        q = torch.zeros(b, length, v, device=ctx.device)
+        fresh = torch.ones(b, length, dtype=torch.bool, device=ctx.device)
+        self.tokens, self.q = self._initialise(canvas, tokens, q, fresh)
 
     def propose(self, canvas: Canvas) -> Draft:
         return Draft(tokens=self.tokens, q=self.q)
@@ -132,38 +136,37 @@ class _JacobiRun(DraftRun):
     def observe(self, canvas: Canvas, outcome: Outcome) -> None:
         """Shift the window to the new frontier: slots that this forward sampled keep their sample
         (q = the p it came from, conditioned on the old drafts, as in SJD); the rest start fresh."""
-        length = self.source.length
-        advance = outcome.res.advance  # [B]
-        src = (advance[:, None] + span(length, advance.device)).clamp(max=length)
-        carried = (length + 1 - advance).clamp(0, length)  # slots that have a sample
+        length, advance = self.source.length, outcome.res.advance  # advance [B]
+        # slot s of the new window is offset advance + s of the old one: sampled up to offset L
+        src = advance[:, None] + span(length, advance.device)  # [B, L]
+        fresh = src > length
+        src = src.clamp(max=length)  # a fresh slot reads any sample: `_initialise` replaces it
         tokens = outcome.samples.gather(1, src)
-        q = outcome.p.gather(1, src[..., None].expand(-1, -1, outcome.p.shape[-1]))
-        self.tokens, self.q = self._initialise(canvas, tokens, q, carried)
+        q = outcome.p[canvas.rows, src]  # [B, L, V]: the p each sample was drawn from
+        self.tokens, self.q = self._initialise(canvas, tokens, q, fresh)
 
     def _initialise(self, canvas: Canvas, tokens: Tensor, q: Tensor,
-                    carried: Tensor) -> tuple[Tensor, Tensor]:
-        """Replace window slots >= carried [B] (raster positions frontier + slot) by `init`
-        guesses. One random token per slot is drawn on every call, used or not, so the number of
-        draws per image never depends on the batch."""
+                    fresh: Tensor) -> tuple[Tensor, Tensor]:
+        """Replace the window slots marked fresh [B, L] (a suffix of each row; slot s is raster
+        position frontier + s) by `init` guesses. One random token per slot is drawn on every call,
+        used or not, so the number of draws per image never depends on the batch."""
         ctx, length, v = self.ctx, self.source.length, self.ctx.vocab
-        slot = span(length, ctx.device)
-        fresh = slot[None] >= carried[:, None]  # [B, L]
         rand = (ctx.streams.draw((length,)) * v).long().clamp_max(v - 1)  # uniform tokens [B, L]
-        uniform = torch.full((v,), 1.0 / v, device=ctx.device).expand(*rand.shape, v)
         if self.source.init == "random":
-            init, init_q = rand, uniform
+            init, init_q = rand, self.uniform
         elif self.source.init == "left":
             # every fresh slot repeats the last known token: slot carried - 1, else committed n - 1
+            carried = length - fresh.sum(-1)  # [B] slots that have a sample
             sampled = tokens.gather(1, (carried - 1).clamp_min(0)[:, None])[:, 0]
             committed = canvas.tokens.gather(1, (canvas.frontier - 1).clamp_min(0)[:, None])[:, 0]
             init = torch.where(carried > 0, sampled, committed)[:, None].expand(-1, length)
             init_q = _one_hot(init, v)
         else:  # "above": the committed token one row up, else a random one
-            up = canvas.frontier[:, None] + slot - ctx.grid[1]  # [B, L]
+            up = canvas.frontier[:, None] + span(length, ctx.device) - ctx.grid[1]  # [B, L]
             known = (up >= 0) & (up < canvas.frontier[:, None])
             copied = canvas.tokens.gather(1, up.clamp_min(0))
             init = torch.where(known, copied, rand)
-            init_q = torch.where(known[..., None], _one_hot(copied, v), uniform)
+            init_q = torch.where(known[..., None], _one_hot(copied, v), self.uniform)
         return torch.where(fresh, init, tokens), torch.where(fresh[..., None], init_q, q)
 
 
@@ -214,17 +217,16 @@ class _ModelRun(DraftRun):
     def propose(self, canvas: Canvas) -> Draft:
         """gamma drafter forwards. The first re-feeds the last refeed + 1 committed tokens, which
         covers every committed position whose drafter K/V is missing or stale (re-encoding a valid
-        one rewrites the same values)."""
-        ctx, n = self.ctx, canvas.frontier
-        width = ctx.refeed + 1
-        tokens, positions = canvas.read(n - width, width)
-        logits = self.drafter.forward(tokens, positions)[:, -1]  # predicts position n
-        drafts, qs = [], []
+        one rewrites the same values); draft j then goes in at position n + j, all in one window
+        read [B, refeed + gamma] (raster n - refeed - 1 .. n + gamma - 2)."""
+        ctx, n, width = self.ctx, canvas.frontier, self.ctx.refeed + 1
+        tokens, positions = canvas.read(n - width, width + self.gamma - 1)
+        logits = self.drafter.forward(tokens[:, :width], positions[:, :width])[:, -1:]  # [B, 1, V]: for n
+        drafts, qs = [], []  # [B, 1] and [B, 1, V] each
         for j in range(self.gamma):
-            if j:
-                position = feed_positions(n + j - 1, ctx.n_tokens)[:, None]
-                logits = self.drafter.forward(drafts[-1][:, None], position)[:, 0]
+            if j:  # the previous draft, at position n + j - 1 (window input width + j - 1)
+                logits = self.drafter.forward(drafts[-1], positions[:, width + j - 1:width + j])
             q = probs(logits, ctx.sampling)
             drafts.append(sample_from(q, ctx.streams))
             qs.append(q)
-        return Draft(tokens=torch.stack(drafts, 1), q=torch.stack(qs, 1), drafter_forwards=self.gamma)
+        return Draft(tokens=torch.cat(drafts, 1), q=torch.cat(qs, 1), drafter_forwards=self.gamma)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from baselines.canvas import span
 from baselines.draft_tree import DraftTree, Pool, TreeOptions, select
 from harness.api import ConfigValueError, SamplingParams
 from harness.models.masks import attention_mask
@@ -94,6 +95,7 @@ class EagleRun:
         head.setup_cache(features.shape[0], self.width, dtype=features.dtype)  # R rows: 2B with CFG
         self.last: Tensor | None = None  # [R, dim] head output at the newest committed token
         self.last_slot: Tensor | None = None  # [B] head slot of that output
+        self._constants: _Fixed | None = None  # `_fixed`
 
     # ------------------------------------------------------------------ head calls
     def _head(self, features: Tensor, tokens: Tensor, seq: Tensor, mask: Tensor, write: Tensor) -> Tensor:
@@ -127,37 +129,60 @@ class EagleRun:
         catch-up, then the rerank."""
         assert self.last is not None and self.last_slot is not None, "catch_up comes first"
         opts, rows = self.options, self.target.model_rows
-        k, fed = opts.top_k, opts.depth * opts.top_k
-        b, device = root.shape[0], root.device
+        k, b = opts.top_k, root.shape[0]
+        fixed = self._fixed(b, root.device)
         logq = self._logq(self.last[:, None])[:, 0]  # [B, V]: the root's children
         top = torch.topk(logq, k, dim=-1)
-        ranks = torch.arange(k, device=device).expand(b, -1)
-        pool = Pool()
-        pool.add(top.indices, torch.full_like(top.indices, -1), 1, top.values, ranks)
-        front = _Frontier(pool=ranks, tokens=top.indices, score=top.values,
-                          features=self.last[:, None].expand(-1, k, -1),
-                          anc=torch.zeros(b, k, fed, dtype=torch.bool, device=device))
-        seen = torch.arange(self.width, device=device)[None, None] <= self.last_slot[:, None, None]
-        slots = torch.arange(k, device=device)
+        pool = Pool(opts, root.device)
+        pool.add(top.indices, fixed.no_parent, top.values)
+        front = _Frontier(pool=fixed.ranks, tokens=top.indices, score=top.values,
+                          features=self.last[:, None].expand(-1, k, -1), anc=fixed.no_anc)
+        seen = (span(self.scratch, root.device) <= self.last_slot[:, None])[:, None]  # [B, 1, scratch]
+        # level i's nodes propose position root + i + 2 and are fed at that position's sequence slot
+        seq = rows((self.prefix + 1 + root[:, None] + span(opts.depth, root.device))
+                   .clamp(max=self.prefix + self.n_tokens - 1))  # [R, depth]
         for i in range(opts.depth):
-            write = (self.scratch + i * k + slots).expand(b, -1)
-            anc = front.anc.clone()
-            anc[:, slots, i * k + slots] = True  # each node sees itself
-            mask = seen.expand(b, k, -1).clone()
-            mask[:, :, self.scratch:] = anc
-            seq = (self.prefix + root + i + 1).clamp(max=self.prefix + self.n_tokens - 1)
-            seq = seq[:, None].expand(-1, k)
-            out = self._head(front.features, front.tokens, seq, mask, write)  # [R, K, dim]
+            anc = front.anc | fixed.own[i]  # [B, K, F]: the fed ancestors and the node itself
+            mask = torch.cat([seen.expand(-1, k, -1), anc], -1)  # [B, K, width]
+            out = self.head(front.features, rows(front.tokens), seq[:, i:i + 1].expand(-1, k),
+                            self.target.positional, rows(mask), fixed.writes[i])  # [R, K, dim]
             child = torch.topk(self._logq(out), k, dim=-1)  # [B, K, K]
             score = (front.score[:, :, None] + child.values).flatten(1)  # [B, K*K]
             base = pool.size
-            pool.add(child.indices.flatten(1), front.pool[:, :, None].expand(-1, -1, k).flatten(1), i + 2,
-                     score, ranks.repeat(1, k))
+            pool.add(child.indices.flatten(1), front.pool[:, :, None].expand(-1, -1, k).flatten(1), score)
             if i + 1 < opts.depth:
                 best = torch.topk(score, k, dim=-1).indices  # [B, K]
                 parent = best // k
                 picked = rows(parent)[..., None].expand(-1, -1, out.shape[-1])
                 front = _Frontier(pool=base + best, tokens=child.indices.flatten(1).gather(1, best),
                                   score=score.gather(1, best), features=out.gather(1, picked),
-                                  anc=anc.gather(1, parent[..., None].expand(-1, -1, fed)))
+                                  anc=anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[-1])))
         return select(pool, opts.nodes, k)
+
+    def _fixed(self, b: int, device: torch.device) -> "_Fixed":
+        """The expansions' constants for batch b, made on the first round of the call."""
+        if self._constants is None:
+            opts, k = self.options, self.options.top_k
+            fed = opts.depth * k
+            slots = self.scratch + span(fed, device).view(opts.depth, 1, k).expand(-1, b, -1)
+            self._constants = _Fixed(
+                ranks=span(k, device).expand(b, -1),
+                no_parent=torch.full((b, k), -1, dtype=torch.long, device=device),
+                no_anc=torch.zeros(b, k, fed, dtype=torch.bool, device=device),
+                own=torch.eye(fed, dtype=torch.bool, device=device).view(opts.depth, k, fed),
+                writes=[self.target.model_rows(level) for level in slots])
+        return self._constants
+
+
+@dataclass
+class _Fixed:
+    """What every round's expansions share (batch B, K = top_k, F = depth x K fed slots): sibling
+    ranks [B, K], the root children's parent (-1) [B, K], an empty ancestry [B, K, F], `own`
+    [depth, K, F] (level i's node j is fed at scratch slot i*K + j and sees itself) and the head
+    slots each level writes, in model rows (`writes[i]` [R, K])."""
+
+    ranks: Tensor
+    no_parent: Tensor
+    no_anc: Tensor
+    own: Tensor
+    writes: list[Tensor]

@@ -106,7 +106,7 @@ def serial_steps(resample: Tensor) -> Tensor:
     return torch.where(resample, resample.long().cumsum(1) - 1, -1)
 
 
-def _rank_in_group(key: Tensor, counted: Tensor) -> Tensor:
+def rank_in_group(key: Tensor, counted: Tensor) -> Tensor:
     """key [B, L] int64, counted [B, L] bool -> [B, L] int64: how many counted entries with the
     same key come before each entry (in offset order)."""
     order = key.argsort(dim=1, stable=True)  # groups contiguous, each in offset order
@@ -132,7 +132,7 @@ def island_steps(resample: Tensor, first: Tensor, start: Tensor, grid: tuple[int
     top = labels.clamp_min(0) // cols  # an island's first row holds its label (smallest index)
     # k: rank within the island row among resampled positions, left to right (a block row's
     # offsets are in column order); the key (label, row) names the island row
-    k = _rank_in_group(torch.where(labels >= 0, labels * rows + row, -1), resample)
+    k = rank_in_group(torch.where(labels >= 0, labels * rows + row, -1), resample)
     # k < cols, so every window >= cols orders (j, k) lexicographically: the same dense steps as
     # w = min(window, cols). Then a raw step (row - top) * w + k, with top >= row(start) and
     # k <= col, is at most (row - row(start)) * cols + col = o + col(start) for offset o: below

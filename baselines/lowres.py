@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from baselines.canvas import Canvas, Context, feed_positions
+from baselines.canvas import Canvas, Context, feed_positions, span
 from baselines.drafts import Draft, DraftRun, DraftSource
 from baselines.upsamplers import UpSampler, ratio
-from baselines.zipar import zipar_steps
+from baselines.zipar import zipar_layout
 from harness.api import ModelBundle
 from harness.hostsync import anything
 from harness.models.masks import attention_mask
@@ -137,7 +137,7 @@ class _LowResRun(DraftRun):
         self.low = torch.zeros(ctx.batch, geo.n_low + pad, dtype=torch.long, device=ctx.device)
         self.final = torch.zeros(ctx.batch, dtype=torch.long, device=ctx.device)  # final low rows
         window = geo.low[1] if source.schedule == "serial" else source.window
-        self.steps = zipar_steps(self.span, geo.low[1], window, "reference", ctx.device)
+        self.layout = zipar_layout(self.span, geo.low[1], window, "reference", ctx.device)
         self.masked = window < geo.low[1]
         self.drafted = False
 
@@ -181,29 +181,39 @@ class _LowResRun(DraftRun):
             out = self.drafter.forward(tokens, feed_positions(index, geo.n_low))[:, -1]  # predicts F*cols
             logits = torch.where(refed[:, None], out, logits)
         self._write(base[:, None], sample_from(probs(logits, ctx.sampling)[:, None], ctx.streams))
-        written = torch.zeros(self.span * cols, dtype=torch.bool, device=ctx.device)
-        prefix = self.drafter.cache_len - geo.n_low
-        for step in self.steps:
-            slots, sources = step.slots, step.sources
-            written[slots] = True
-            positions = feed_positions(base[:, None] + slots, geo.n_low)
-            tokens = self.low.gather(1, base[:, None] + sources)
-            mask = self._mask(base, positions + prefix, written, prefix) if self.masked else None
-            out = self.drafter.forward(tokens, positions, mask)[:, step.from_input]
-            drawn = sample_from(probs(out, ctx.sampling), ctx.streams)
-            self._write(base[:, None] + step.decoded, drawn)
-        return refed.long() + len(self.steps)
+        layout = self.layout
+        positions, sources, decoded, masks = self._tables(base)
+        for i, from_input in enumerate(layout.from_input):
+            inputs = slice(layout.inputs_at[i], layout.inputs_at[i + 1])
+            mask = None if masks is None else masks[:, inputs]
+            out = self.drafter.forward(self.low.gather(1, sources[:, inputs]), positions[:, inputs], mask)
+            drawn = sample_from(probs(out[:, from_input], ctx.sampling), ctx.streams)
+            self.low.scatter_(1, decoded[:, layout.decoded_at[i]:layout.decoded_at[i + 1]], drawn)
+        return refed.long() + len(layout.from_input)
 
     def _write(self, index: Tensor, values: Tensor) -> None:
         """Write values [B, D] at low-res positions index [B, D] (past the grid: into padding)."""
         self.low.scatter_(1, index.clamp(max=self.low.shape[1] - 1), values)
 
-    def _mask(self, base: Tensor, query: Tensor, written: Tensor, prefix: int) -> Tensor:
-        """ZipAR's "written" mask [B, T, S]: the prefix, the final rows, and the slots of this
-        proposal written so far, at or before each query slot query [B, T]."""
-        slots = self.drafter.cache_len
-        key = torch.arange(slots, device=base.device)
-        rel = key[None] - prefix - base[:, None]  # [B, S] offset into the drafted rows
-        inside = (rel >= 0) & (rel < written.shape[0])
-        seen = (key[None] < prefix + base[:, None]) | (inside & written[rel.clamp(0, written.shape[0] - 1)])
-        return attention_mask(query, slots, ~seen, own=False)
+    def _tables(self, base: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The proposal's forwards side by side (zipar.ZipLayout) for rows drafted from low-res
+        position base [B]: (cache positions [B, T] and low-res positions read [B, T] of their
+        inputs, low-res positions decoded [B, D] (past the grid: padding), masks [B, T, S] or None
+        where the schedule is serial)."""
+        layout, n_low = self.layout, self.geo.n_low
+        at = base[:, None]
+        positions = feed_positions(at + layout.slots, n_low)
+        decoded = (at + layout.decoded).clamp(max=self.low.shape[1] - 1)
+        masks = self._masks(base, positions) if self.masked else None
+        return positions, at + layout.sources, decoded, masks
+
+    def _masks(self, base: Tensor, positions: Tensor) -> Tensor:
+        """ZipAR's "written" mask [B, T, S] of every input of the proposal (positions [B, T]): the
+        prefix, the final rows, and the slots of this proposal that its forward or an earlier one
+        feeds, at or before the query's slot."""
+        slots, layout = self.drafter.cache_len, self.layout
+        prefix = slots - self.geo.n_low
+        rel = span(slots, base.device) - (prefix + base)[:, None]  # [B, S] offset into the drafted rows
+        # the forward that first feeds each key slot (-1: the prefix and the final rows)
+        written = torch.where(rel < 0, -1, layout.written[rel.clamp(0, layout.written.shape[0] - 1)])
+        return attention_mask(positions + prefix, slots, written[:, None] > layout.forward, own=False)

@@ -12,6 +12,10 @@ uniform: the rule is deterministic given p. A rejected position is resampled fro
 restricted to B_anchor(x~_i), the draft token's own codebook neighbourhood (from p when the target
 gives that neighbourhood no mass), so that redrawing corrects a draft's detail instead of deciding
 its content again; the resampler takes the same option for the rest of the resample set.
+
+`confident` (an extension, not in the paper): a draft is also rejected when the target puts at least
+that much mass on one code outside B_k(x~_i), i.e. where the target is sure of another token than
+anything near the draft (a stricter rule exactly where the target knows the detail).
 """
 from __future__ import annotations
 
@@ -31,12 +35,32 @@ def pooled_mass(p: Tensor, drafts: Tensor, neighbours: Tensor | None) -> Tensor:
     return mass
 
 
+def anchor_set(tokens: Tensor, neighbours: Tensor | None) -> Tensor:
+    """tokens [...], neighbours [V, a-1] (None: a = 1) -> [..., a] int64: each token and its
+    neighbours (distinct codes)."""
+    return tokens[..., None] if neighbours is None else torch.cat([tokens[..., None], neighbours[tokens]], -1)
+
+
+def restricted(p: Tensor, keep: Tensor) -> Tensor:
+    """p [..., V], keep [..., a] distinct codes -> [..., V] unnormalised: p on `keep`, zero
+    elsewhere; p itself where `keep` has no mass (a sum of non-negative terms is 0 only when
+    each term is)."""
+    mass = p.gather(-1, keep)
+    inside = torch.zeros_like(p).scatter_(-1, keep, mass)
+    return torch.where(mass.sum(-1, keepdim=True) > 0, inside, p)
+
+
 def anchored(p: Tensor, tokens: Tensor, neighbours: Tensor | None) -> Tensor:
     """p [..., V], tokens [...], neighbours [V, a-1] (None: a = 1) -> [..., V] unnormalised: p on
     each token and its neighbours, zero elsewhere; p itself where that mass is zero."""
-    keep = tokens[..., None] if neighbours is None else torch.cat([tokens[..., None], neighbours[tokens]], -1)
-    inside = torch.zeros_like(p).scatter_(-1, keep, 1.0) * p
-    return torch.where(inside.sum(-1, keepdim=True) > 0, inside, p)
+    return restricted(p, anchor_set(tokens, neighbours))
+
+
+def confident_elsewhere(p: Tensor, drafts: Tensor, neighbours: Tensor | None, level: float) -> Tensor:
+    """p [B, L, V], drafts [B, L], neighbours [V, k-1] (None: k = 1) -> [B, L] bool: p gives at least
+    `level` to one code outside the draft's k-neighbourhood."""
+    outside = p.scatter(-1, anchor_set(drafts, neighbours), 0.0)
+    return outside.amax(-1) >= level
 
 
 def anchor_table(ctx: Context, anchor: int) -> Tensor | None:
@@ -52,6 +76,8 @@ class PooledThresholdRule:
         tau: threshold in [0, 1]; 0 accepts every draft, higher is closer to the target.
         anchor: 0 (the paper): a rejection is resampled from p; a >= 1: from p restricted to the
             draft token's a-neighbourhood (see the module docstring).
+        confident: None (the paper) or a level in (0, 1]: also reject a draft when p gives at least
+            this much to one code outside its k-neighbourhood (module docstring).
 
     With greedy sampling p is one-hot on the argmax, so for 0 < tau <= 1 the rule accepts exactly
     when the argmax lies in the draft's neighbourhood.
@@ -59,7 +85,8 @@ class PooledThresholdRule:
 
     name = "pooled_threshold"
 
-    def __init__(self, k: int = 16, tau: float = 0.1, anchor: int = 0) -> None:
+    def __init__(self, k: int = 16, tau: float = 0.1, anchor: int = 0,
+                 confident: float | None = None) -> None:
         if int(k) != k or k < 1:
             raise ValueError(f"decoder accept.k (pooled_threshold) must be an integer >= 1, got {k!r}")
         if not 0.0 <= tau <= 1.0:
@@ -67,14 +94,20 @@ class PooledThresholdRule:
         if int(anchor) != anchor or anchor < 0:
             raise ValueError(f"decoder accept.anchor (pooled_threshold) must be an integer >= 0 (0: resample "
                              f"from p), got {anchor!r}")
+        if confident is not None and not 0.0 < confident <= 1.0:
+            raise ValueError(f"decoder accept.confident (pooled_threshold) must be null (off) or in (0, 1], "
+                             f"got {confident!r}")
         self.k = int(k)
         self.tau = float(tau)
         self.anchor = int(anchor)
+        self.confident = None if confident is None else float(confident)
 
     def decide(self, p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor, ctx: Context) -> Verdict:
         """p [B, L, V]; q and u are ignored (the rule is a deterministic threshold)."""
         table = ctx.neighbours(self.k - 1) if self.k > 1 else None
         accept = pooled_mass(p, drafts, table) >= self.tau
+        if self.confident is not None:
+            accept &= ~confident_elsewhere(p, drafts, table, self.confident)
         if self.anchor:
             return Verdict(accept=accept, residual=anchored(p, drafts, anchor_table(ctx, self.anchor)))
         return Verdict(accept=accept, residual=p)

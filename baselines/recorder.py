@@ -48,10 +48,16 @@ class StatsRecorder:
         """The kept steps, each field stacked to [S, B, ...] (ints broadcast to [S, B]); {} if none."""
         if not self._steps:
             return {}
+        return {k: self._stack([s[k] for s in self._steps]) for k in self._steps[0]}
+
+    def _stack(self, values: list[Tensor | int]) -> Tensor:
+        """One field of every step -> [S, B, ...]: a field that is an int at every step (e.g. the
+        drafter forwards of a fixed-length draft) becomes one tensor, not one per step."""
         batch, device = self.target.shape[0], self.target.device
-        def column(v: Tensor | int) -> Tensor:
-            return v if isinstance(v, Tensor) else torch.full((batch,), v, dtype=torch.long, device=device)
-        return {k: torch.stack([column(s[k]) for s in self._steps]) for k in self._steps[0]}
+        if not any(isinstance(v, Tensor) for v in values):
+            return torch.tensor(values, dtype=torch.long, device=device)[:, None].expand(-1, batch)
+        return torch.stack([v if isinstance(v, Tensor) else torch.full((batch,), v, device=device)
+                            for v in values])
 
     def forward(self, active: Tensor, committed: Tensor, target: int | Tensor = 1,
                 drafter: int | Tensor = 0) -> None:
@@ -72,7 +78,8 @@ class StatsRecorder:
         self.proposed += (act * proposed).reshape(-1, b).sum(0)
         self.accepted += (act * accepted).reshape(-1, b).sum(0)
         self.resampled += (act * resampled).reshape(-1, b).sum(0)
-        index = (start[..., None] + torch.arange(rejected.shape[-1], device=start.device)).clamp(max=self.n_tokens)
+        index = start[..., None] + torch.arange(rejected.shape[-1], device=start.device)
+        index = index.clamp(max=self.n_tokens)
         hits = (rejected & active[..., None]).long()
         # [..., B, L] -> [B, steps * L]: every step's offsets of one row side by side
         self.rejections.scatter_add_(1, index.reshape(-1, b, index.shape[-1]).transpose(0, 1).reshape(b, -1),

@@ -26,24 +26,27 @@ Host reads (harness/hostsync.py): a `fill` reads the device once, before its for
 forwards the batch needs and, for each, its widths (the most inputs and the most drawn positions
 of a row), one small tensor, since Python must know the loop's length and the shapes. Off the CPU
 the widths are rounded up to powers of two (at most L), so a compiled model sees few shapes; the
-padding inputs go to the scratch position N - 1 and padded draws write back the tokens already
-there, so no token changes. Off the CPU the island labelling (baselines/islands.py) runs
+padding inputs go to the scratch position N - 1 and padded draws into the canvas's last padding
+column, beyond the image, so no token changes. With those widths the fill lays out all its
+forwards' inputs and drawn positions side by side in index tables built once (`_tables`), so
+that a forward only slices them. Off the CPU the island labelling (baselines/islands.py) runs
 LABEL_PASSES passes and its "settled" flag is read with the plan; a labelling that has not settled
 (rare) is finished with checks, at the cost of more reads. No step builds a [B, L, L] tensor.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import functools
+from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from baselines.canvas import Canvas, Context, feed_positions, span
-from baselines.islands import block_islands, island_steps, serial_steps
-from baselines.pooled import anchor_table, anchored
+from baselines.islands import block_islands, island_steps, rank_in_group, serial_steps
+from baselines.pooled import anchor_set, anchor_table, restricted
 from baselines.scope import Resolution
 from harness import engine, hostsync
-from harness.models.masks import attention_mask
 from harness.sampling import inverse_cdf, probs
 
 SCHEDULES = ("serial", "parallel")
@@ -57,19 +60,76 @@ BUCKET: bool | None = None
 LABEL_PASSES = 8  # island labelling passes off the CPU before its settled flag is read (islands.py)
 
 
-def pack(selected: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """selected [B, L] bool, width W (the largest count in the batch <= W <= L) -> (offsets [B, W]:
-    each row's selected entries first, ascending, then unselected ones as padding; valid [B, W])."""
-    length = selected.shape[1]
-    offsets = torch.arange(length, device=selected.device)
-    key = torch.where(selected, offsets, offsets + length)  # selected first, each group in order
-    order = key.argsort(-1)[:, :width]
-    return order, selected.gather(1, order)
-
-
 def bucket(width: int, cap: int) -> int:
     """The smallest power of two >= width (1 for width <= 1), at most cap."""
     return min(1 << max(width - 1, 0).bit_length(), cap)
+
+
+@functools.lru_cache(maxsize=64)
+def buckets(length: int, device: torch.device) -> Tensor:
+    """[L + 1] int64: bucket(w, L) for every width w <= L, on `device`, made once per block length."""
+    return torch.tensor([bucket(w, length) for w in range(length + 1)], device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def visibility(n_tokens: int, slots: int, device: torch.device) -> Tensor:
+    """[N, S] int32 bounds of the masked context, made once per model shape: in the forward of
+    step s, a query at image position i (cache slot q = S - N + i) sees key slot k when
+    drawn_at[k] - s < bound[i, k], with drawn_at[k] the step that redraws k (-1: none). bound is
+    0 before q (seen once drawn), N + 1 at q (its own slot: always) and -N - 1 after q (never),
+    as steps are < L <= N."""
+    query = torch.arange(n_tokens, device=device)[:, None] + slots - n_tokens
+    key = torch.arange(slots, device=device)[None]
+    bound = torch.where(key < query, 0, torch.where(key == query, n_tokens + 1, -n_tokens - 1))
+    return bound.to(torch.int32)
+
+
+def columns(step: Tensor, starts: Tensor, total: int) -> Tensor:
+    """step [B, E] int64, the forward of each entry (-1: none; entries in offset order), starts
+    [L + 1] the first column of each forward -> [B, E] each entry's column in a fill's table
+    (_Tables), a forward's entries in offset order from its first column; `total` (the spare
+    column) for none and for forwards past the fill's last."""
+    some = step >= 0
+    column = starts[step.clamp_min(0)] + rank_in_group(step, some)
+    return torch.where(some, column, total).clamp_max(total)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A fill's schedule as its one host read gives it: `count` forwards; forward s feeds input
+    columns feed_at[s] .. feed_at[s + 1] - 1 and draws into columns draw_at[s] .. draw_at[s + 1] - 1
+    of the fill's tables (_Tables), as wide as the batch needs (rounded up to powers of two off the
+    CPU, BUCKET); starts [2, L + 1]: those column bounds on the device (inputs, drawn). inputs
+    [B, L, 4] (_inputs), forwards [B], ready [B, L] or None (_kept_ready)."""
+
+    count: int
+    feed_at: list[int]
+    draw_at: list[int]
+    starts: Tensor
+    inputs: Tensor
+    forwards: Tensor
+    ready: Tensor | None
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """The index tables of a fill's forwards, side by side (_Plan's columns), built once per fill.
+
+    index, positions [B, F]: each input's canvas index and cache position (padding: position
+    N - 1, fed to the scratch slot); where [B, D]: each drawn position's canvas index (padding: the
+    canvas's last column, beyond the image); source [B, D]: the input of its forward whose output
+    predicts it; u [B, D]: its uniform; keep [B, D, a] or None: the anchor set of the token there
+    before the redraw; drawn_at [B, 1, S] int32 or None: the step drawing each cache slot (-1 for
+    the others; masked context only); rows [B, 1]: batch rows, to pick outputs."""
+
+    index: Tensor
+    positions: Tensor
+    where: Tensor
+    source: Tensor
+    u: Tensor
+    keep: Tensor | None
+    drawn_at: Tensor | None
+    rows: Tensor
 
 
 class IslandResampler:
@@ -94,7 +154,8 @@ class IslandResampler:
         if int(window) != window or window < 1:
             raise ValueError(f"decoder resampler.window must be an integer >= 1, got {window!r}")
         if int(anchor) != anchor or anchor < 0:
-            raise ValueError(f"decoder resampler.anchor must be an integer >= 0 (0: draw from p), got {anchor!r}")
+            raise ValueError(f"decoder resampler.anchor must be an integer >= 0 (0: draw from p), "
+                             f"got {anchor!r}")
         self.schedule, self.window, self.context, self.kv = schedule, int(window), context, kv
         self.anchor = int(anchor)
         self.name = f"{schedule}({context},{kv})"
@@ -109,20 +170,15 @@ class IslandResampler:
         unsettled: list[Tensor] = []
         steps, labels = self._schedule(ctx, res, start, passes, unsettled)
         u = ctx.streams.draw((length,))  # L draws per image, used or not
-        count, widths, forwards, ready = self._plan(steps, res, unsettled)  # the fill's one host read
-        if count < 0:
+        plan = self._plan(steps, res, unsettled)  # the fill's one host read
+        while plan is None:  # the labelling had not settled: label again, with checks
             steps, labels = self._schedule(ctx, res, start, None, [])
-            count, widths, forwards, ready = self._plan(steps, res, [])
-        rounded = BUCKET
-        if rounded is None:  # few shapes where reads are not free or forwards are compiled per shape
-            rounded = not hostsync.reads_are_free(start.device) or engine.compiled_anywhere()
-        for s in range(count):
-            feed, drawn = widths[s], widths[length + s]
-            if rounded:
-                feed, drawn = bucket(feed, length), bucket(drawn, length)
-            self._forward(ctx, canvas, steps, res.first, s, u, (feed, drawn), ready)
-        self._count(ctx, res, labels, forwards, start)
-        return replace(res, kv_valid=self._kv_valid(res, steps, forwards, ready)), forwards
+            plan = self._plan(steps, res, [])
+        tables = self._tables(ctx, canvas, steps, plan, u)
+        for s in range(plan.count):
+            self._forward(ctx, canvas, plan, tables, s)
+        self._count(ctx, res, labels, plan.forwards, start)
+        return replace(res, kv_valid=self._kv_valid(res, steps, plan.forwards, plan.ready)), plan.forwards
 
     def _schedule(self, ctx: Context, res: Resolution, start: Tensor, passes: int | None,
                   unsettled: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -133,18 +189,28 @@ class IslandResampler:
             return serial_steps(res.resample), block_islands(members, start, ctx.grid, passes, unsettled)
         return island_steps(res.resample, res.first, start, ctx.grid, self.window, passes, unsettled)
 
-    def _plan(self, steps: Tensor, res: Resolution, unsettled: list[Tensor]
-              ) -> tuple[int, list[int], Tensor, Tensor | None]:
-        """One host read: (forwards of the fill, or -1 when the labelling had not settled; each
-        step's widths, inputs then drawn positions; forwards [B]; the kept drafts' re-feed steps
-        (kv "inline") or None)."""
+    def _plan(self, steps: Tensor, res: Resolution, unsettled: list[Tensor]) -> _Plan | None:
+        """One host read: the fill's forwards and each one's column bounds (_Plan); None when the
+        labelling had not settled."""
+        device, length = steps.device, steps.shape[1]
         forwards = steps.max(-1).values + 1  # [B]
         ready = self._kept_ready(steps, res) if self.kv == "inline" else None
+        inputs = self._inputs(steps, res.first, ready)
+        widths = self._widths(steps, inputs)
+        rounded = BUCKET
+        if rounded is None:  # few shapes where reads are not free or forwards are compiled per shape
+            rounded = not hostsync.reads_are_free(device) or engine.compiled_anywhere()
+        if rounded:
+            widths = buckets(length, device)[widths]
+        starts = F.pad(widths.cumsum(1), (1, 0))  # [2, L + 1]
         count = forwards.max().view(1)
         if unsettled:
             count = torch.where(torch.stack(unsettled).any(), -1, count)
-        first, *widths = torch.cat([count, self._widths(steps, res.first, ready).flatten()]).tolist()
-        return first, widths, forwards, ready
+        first, *bounds = torch.cat([count, starts.flatten()]).tolist()
+        if first < 0:
+            return None
+        return _Plan(count=first, feed_at=bounds[:first + 1], draw_at=bounds[length + 1:length + first + 2],
+                     starts=starts, inputs=inputs, forwards=forwards, ready=ready)
 
     @staticmethod
     def _kept_ready(steps: Tensor, res: Resolution) -> Tensor:
@@ -157,72 +223,90 @@ class IslandResampler:
         return torch.where(kept, before + 1, -1)
 
     @staticmethod
-    def _widths(steps: Tensor, first: Tensor, ready: Tensor | None) -> Tensor:
-        """steps [B, L], first [B], ready [B, L] or None -> [2, L] int64: for each step s < L, the
-        most inputs and the most drawn positions of a row in its forward (_forward), at least 1."""
-        b, length = steps.shape
-        offsets = torch.arange(length, device=steps.device)
+    def _inputs(steps: Tensor, first: Tensor, ready: Tensor | None) -> Tensor:
+        """steps [B, L], first [B], ready [B, L] or None -> [B, L, 4] int64: the steps in which
+        each offset is an input, ascending, -1 for none (and for a repeat: fed once per step)."""
+        offsets = torch.arange(steps.shape[1], device=steps.device)
         none = torch.full_like(steps, -1)
-        # the steps in which offset o is an input: the one after it is drawn, step 0 for t0, its
-        # turn as a kept draft (kv "inline"), and the one drawing o + 1 (o's output predicts it)
+        # the one after it is drawn, step 0 for t0, its turn as a kept draft (kv "inline"), and the
+        # one drawing o + 1 (o's output predicts it)
         fed = torch.stack([torch.where(steps >= 0, steps + 1, -1),
                            torch.where(offsets[None] == first[:, None], 0, -1),
                            none if ready is None else ready,
-                           torch.cat([steps[:, 1:], none[:, :1]], 1)], -1).sort(-1).values  # [B, L, 4]
+                           torch.cat([steps[:, 1:], none[:, :1]], 1)], -1).sort(-1).values
         repeat = torch.zeros_like(fed, dtype=torch.bool)
-        repeat[..., 1:] = fed[..., 1:] == fed[..., :-1]  # fed twice in one step: one input
-        fed = torch.where(repeat, -1, fed).view(b, -1) + 1  # column 0 collects "not fed"
-        # steps reach L - 1, so a fed step reaches L: columns 1 .. L + 1
-        inputs = torch.zeros(b, length + 2, dtype=torch.long, device=steps.device)
-        inputs.scatter_add_(1, fed, torch.ones_like(fed))
-        drawn = torch.zeros(b, length + 1, dtype=torch.long, device=steps.device)
-        drawn.scatter_add_(1, steps + 1, torch.ones_like(steps))
-        return torch.stack([inputs[:, 1:length + 1], drawn[:, 1:]]).max(1).values.clamp_min(1)
-
-    def _forward(self, ctx: Context, canvas: Canvas, steps: Tensor, first: Tensor, s: int, u: Tensor,
-                 widths: tuple[int, int], ready: Tensor | None = None) -> None:
-        """One target forward: draw every offset of step s (steps [B, L]) into the canvas, with
-        widths (inputs, drawn positions) no smaller than the batch needs (padding is harmless);
-        with `ready` [B, L] (kv "inline") also re-feed the kept drafts whose turn is step s."""
-        start, (b, length) = canvas.frontier, steps.shape
-        offsets = torch.arange(length, device=start.device)
-        fresh = (steps == s - 1) if s else (offsets[None] == first[:, None])
-        if ready is not None:
-            fresh = fresh | (ready == s)
-        drawn = steps == s
-        queries = torch.cat([drawn[:, 1:], torch.zeros_like(drawn[:, :1])], 1)  # offset o predicts o + 1
-        feed, feed_ok = pack(fresh | queries, widths[0])
-        index = start[:, None] + feed
-        tokens = canvas.tokens.gather(1, index)
-        positions = torch.where(feed_ok, feed_positions(index, ctx.n_tokens), ctx.n_tokens - 1)
-        mask = self._mask(ctx, start, positions, steps >= s) if self.context == "masked" else None
-        logits = ctx.models.target.forward(tokens, positions, mask)  # [B, W, V]
-        slot_of = torch.zeros(b, length + 1, dtype=torch.long, device=start.device)  # offset -> input
-        inputs = torch.arange(feed.shape[1], device=start.device).expand(b, -1)
-        slot_of.scatter_(1, torch.where(feed_ok, feed, length), inputs)
-        out, out_ok = pack(drawn, widths[1])
-        source = slot_of.gather(1, (out - 1).clamp_min(0))
-        picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
-        where = start[:, None] + out
-        there = canvas.tokens.gather(1, where)
-        p = probs(picked, ctx.sampling)
-        if self.anchor:
-            p = anchored(p, there, anchor_table(ctx, self.anchor))
-        new = inverse_cdf(p, u.gather(1, out))
-        canvas.tokens.scatter_(1, where, torch.where(out_ok, new, there))
+        repeat[..., 1:] = fed[..., 1:] == fed[..., :-1]
+        return torch.where(repeat, -1, fed)
 
     @staticmethod
-    def _mask(ctx: Context, start: Tensor, positions: Tensor, pending: Tensor) -> Tensor:
-        """Slot-causal mask [B, W, S] without the slots of pending offsets [B, L] (except a
-        query's own slot)."""
+    def _widths(steps: Tensor, inputs: Tensor) -> Tensor:
+        """steps [B, L], inputs [B, L, 4] (_inputs) -> [2, L] int64: for each step s < L, the most
+        inputs and the most drawn positions of a row in its forward, at least 1."""
+        b, length = steps.shape
+        fed = inputs.view(b, -1) + 1  # column 0 collects "not fed"
+        # steps reach L - 1, so a fed step reaches L: columns 1 .. L + 1
+        counts = torch.zeros(b, length + 2, dtype=torch.long, device=steps.device)
+        counts.scatter_add_(1, fed, torch.ones_like(fed))
+        drawn = torch.zeros(b, length + 1, dtype=torch.long, device=steps.device)
+        drawn.scatter_add_(1, steps + 1, torch.ones_like(steps))
+        return torch.stack([counts[:, 1:length + 1], drawn[:, 1:]]).max(1).values.clamp_min(1)
+
+    def _tables(self, ctx: Context, canvas: Canvas, steps: Tensor, plan: _Plan, u: Tensor) -> _Tables:
+        """The fill's index tables (_Tables) from steps [B, L], the plan and the uniforms u [B, L]."""
+        start, (b, length), n = canvas.frontier, steps.shape, ctx.n_tokens
+        device = start.device
+        feed, draw = plan.feed_at[-1], plan.draw_at[-1]  # table widths (then the spare column)
+        at = start[:, None] + span(length, device)  # [B, L] canvas index of each offset
+        fed = columns(plan.inputs.view(b, -1), plan.starts[0], feed).view(b, length, 4)  # per input
+        index = torch.full((b, feed + 1), n - 1, dtype=torch.long, device=device)
+        index.scatter_(1, fed.view(b, -1), at[..., None].expand(-1, -1, 4).reshape(b, -1))
+        drawn = columns(steps, plan.starts[1], draw)  # [B, L]
+        where = torch.full((b, draw + 1), canvas.tokens.shape[1] - 1, dtype=torch.long, device=device)
+        where.scatter_(1, drawn, at)
+        # offset o (never 0: t0 >= 0 comes first) is predicted by o - 1's input in the forward
+        # drawing o: that input's column, less the forward's first
+        step = steps[:, 1:]
+        column = torch.where(plan.inputs[:, :-1] == step[..., None], fed[:, :-1], 0).sum(-1)
+        source = torch.zeros(b, draw + 1, dtype=torch.long, device=device)
+        source.scatter_(1, drawn[:, 1:], column - plan.starts[0][step.clamp_min(0)])
+        uniforms = torch.zeros(b, draw + 1, device=device).scatter_(1, drawn, u)
+        keep = None
+        if self.anchor:  # the anchor sets of the tokens there before the redraw
+            keep = anchor_set(canvas.tokens.gather(1, where[:, :draw]), anchor_table(ctx, self.anchor))
+        return _Tables(index=index[:, :feed], positions=feed_positions(index[:, :feed], n),
+                       where=where[:, :draw], source=source[:, :draw], u=uniforms[:, :draw], keep=keep,
+                       drawn_at=self._drawn_at(ctx, start, steps) if self.context == "masked" else None,
+                       rows=span(b, device)[:, None])
+
+    @staticmethod
+    def _drawn_at(ctx: Context, start: Tensor, steps: Tensor) -> Tensor:
+        """start [B], steps [B, L] -> [B, 1, S] int32: the step drawing each cache slot, -1 for
+        the slots of offsets not redrawn and of every other position."""
         slots = ctx.models.target.cache_len
         prefix = slots - ctx.n_tokens
-        # pending slots [B, S + 1]; the last column takes offsets past the end of the cache
-        hidden = torch.zeros(start.shape[0], slots + 1, dtype=torch.bool, device=start.device)
-        offsets = torch.arange(pending.shape[1], device=start.device)
-        index = (start[:, None] + prefix + offsets).clamp(max=slots)
-        hidden.scatter_(1, index, pending)
-        return attention_mask(positions + prefix, slots, hidden[:, :slots])
+        drawn_at = torch.full((start.shape[0], slots + 1), -1, dtype=torch.int32, device=start.device)
+        # the last column takes offsets past the end of the cache
+        index = (start[:, None] + prefix + span(steps.shape[1], start.device)).clamp(max=slots)
+        drawn_at.scatter_(1, index, steps.to(torch.int32))
+        return drawn_at[:, None, :slots]
+
+    def _forward(self, ctx: Context, canvas: Canvas, plan: _Plan, tables: _Tables, s: int) -> None:
+        """Forward s of the fill: feed its input columns, draw its positions into the canvas.
+        Masked context: a query sees a key slot drawn in this fill once it is drawn (its own slot
+        always), through the visibility bounds."""
+        inputs = slice(plan.feed_at[s], plan.feed_at[s + 1])
+        drawn = slice(plan.draw_at[s], plan.draw_at[s + 1])
+        positions = tables.positions[:, inputs]
+        mask = None
+        if tables.drawn_at is not None:
+            bound = visibility(ctx.n_tokens, ctx.models.target.cache_len, positions.device)
+            mask = tables.drawn_at - s < bound[positions]  # [B, W, S]
+        tokens = canvas.tokens.gather(1, tables.index[:, inputs])
+        logits = ctx.models.target.forward(tokens, positions, mask)  # [B, W, V]
+        p = probs(logits[tables.rows, tables.source[:, drawn]], ctx.sampling)  # [B, D, V]
+        if tables.keep is not None:
+            p = restricted(p, tables.keep[:, drawn])
+        canvas.tokens.scatter_(1, tables.where[:, drawn], inverse_cdf(p, tables.u[:, drawn]))
 
     def _kv_valid(self, res: Resolution, steps: Tensor, forwards: Tensor, ready: Tensor | None) -> Tensor:
         """Offsets whose K/V are final after the step (the next verification re-feeds from there);

@@ -10,7 +10,9 @@ A scope turns accept [B, L] into a `Resolution` (all offsets relative to each ro
     resample  [B, L] bool  further positions (never `first`) a `Resampler` must refill with new
                            target forwards;
     advance   [B] int64    how far the committed frontier moves;
-    kv_valid  [B] int64    offsets whose target K/V is final after the step (< kv_valid);
+    kv_valid  [B] int64    offsets whose target K/V is final after the step (< kv_valid), below
+                           advance in a row that advances (the next verification re-feeds at
+                           least the last committed token);
     verified  [B] int64    (scopes with rounds > 1, else None) how often each row's next block
                            has been verified already (0: a fresh block); the loop hands it to the
                            next `resolve`, so a scope keeps no state of its own.
@@ -22,6 +24,7 @@ advances over the whole block and sets kv_valid = t0 (later K/V are stale), with
 """
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
@@ -87,12 +90,18 @@ class RasterScope(RejectionScope):
 
     def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int] | None = None,
                 verified: Tensor | None = None) -> Resolution:
-        length = accept.shape[1]
-        offsets = span(length, accept.device)
+        offsets = span(accept.shape[1], accept.device)
         valid = offsets < remaining[:, None]
-        lead = (accept & valid).long().cumprod(-1).sum(-1)  # accepted run length [B]
-        keep = offsets < lead[:, None]
+        keep = (accept & valid).cummin(-1).values  # the accepted run: the drafts before the first rejection
+        lead = keep.sum(-1)  # its length [B]
         rejected = (offsets == lead[:, None]) & valid
         advance = torch.minimum(lead + 1, remaining)
-        return Resolution(keep=keep, rejected=rejected, first=lead, resample=torch.zeros_like(keep),
-                          advance=advance, kv_valid=lead)
+        return Resolution(keep=keep, rejected=rejected, first=lead, advance=advance, kv_valid=lead,
+                          resample=_unmarked(keep.shape, keep.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _unmarked(shape: torch.Size, device: torch.device) -> Tensor:
+    """All-False bool [shape] (a raster resolution's `resample`), made once per (shape, device) and
+    shared: read it, never write it."""
+    return torch.zeros(shape, dtype=torch.bool, device=device)

@@ -84,8 +84,8 @@ class SpeculativeDecoder:
         rec.add_drafter(run.prefill_forwards)
         verified: Tensor | None = None  # the scope's per-row round counts (Resolution.verified)
         running = Running(ctx.device)  # the loop's one host read per step (harness/hostsync.py)
-        while running(canvas.active):
-            verified = self._step(ctx, canvas, run, rec, scope, verified)
+        while running(active := canvas.active):
+            verified = self._step(ctx, canvas, active, run, rec, scope, verified)
         self._summarise(rec, rec.stacked())
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
@@ -103,22 +103,24 @@ class SpeculativeDecoder:
                              f"verification), or set scope.rounds=1")
         return draft, scope
 
-    def _step(self, ctx: Context, canvas: Canvas, run: DraftRun, rec: StatsRecorder,
+    def _step(self, ctx: Context, canvas: Canvas, active: Tensor, run: DraftRun, rec: StatsRecorder,
               scope: RejectionScope, verified: Tensor | None) -> Tensor | None:
-        """One verification step; verified [B] or None: the previous resolution's round counts
-        (returned for the next step)."""
-        start, active = canvas.frontier.clone(), canvas.active
+        """One verification step of the rows active [B] (canvas.active); verified [B] or None: the
+        previous resolution's round counts (returned for the next step)."""
+        start = canvas.frontier  # replaced, never written, by the step
         remaining = ctx.n_tokens - start
         draft = run.propose(canvas)
-        canvas.write(start, draft.tokens)
-        p = self._verify(ctx, canvas, draft, scope.refeed)  # [B, L+1, V]
         length = draft.tokens.shape[1]
+        base = start[:, None]  # [B, 1]
+        canvas.write(base + span(length, start.device), draft.tokens)
+        p = self._verify(ctx, canvas, draft, scope.refeed)  # [B, L+1, V]
         u = ctx.streams.draw((length,))
         verdict = self.accept.decide(p[:, :length], draft.q, draft.tokens, u, ctx)
         res = scope.resolve(verdict.accept, remaining, ctx.grid, verified)
-        samples = self._sample(ctx, p, verdict.residual, res.first)
-        canvas.write(start + res.first, samples.gather(1, res.first[:, None]))
-        extra = torch.zeros_like(start)
+        first = res.first[:, None]  # [B, 1]
+        samples = self._sample(ctx, p, verdict.residual, first)
+        canvas.write(base + first, samples.gather(1, first))
+        extra: Tensor | int = 0  # the resampler's target forwards
         if self.resampler is not None:
             res, extra = self.resampler.fill(ctx, canvas, res)
         canvas.fed = torch.where(active, start + res.kv_valid, canvas.fed)
@@ -133,29 +135,33 @@ class SpeculativeDecoder:
 
         Inputs at or past the last position N - 1 predict nothing that exists, and a window starts
         at fed >= 0, so N inputs always reach the end: a whole-image block (MuLo-SD, L = N,
-        refeed = N) feeds N tokens, not 2N, and the width stays known without a host sync."""
+        refeed = N) feeds N tokens, not 2N, and the width stays known without a host sync.
+
+        Every scope leaves an active row with frontier - refeed <= fed <= frontier - 1 (kv_valid <
+        advance), so the input predicting the frontier is at offset frontier - 1 - fed < refeed: with
+        refeed = 1 and a window not cut at N, the outputs are p's offsets 0..L as they stand."""
         length = draft.tokens.shape[1]
         width = min(refeed + length, ctx.n_tokens)
         tokens, positions = canvas.read(canvas.fed, width)
         logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
+        if refeed == 1 and width == length + 1:
+            return probs(logits, ctx.sampling)
         offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b
-        index = offset[:, None] + span(length + 1, offset.device)
-        index = index.clamp(max=logits.shape[1] - 1)
-        picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
-        return probs(picked, ctx.sampling)
+        index = (offset[:, None] + span(length + 1, offset.device)).clamp(max=width - 1)
+        return probs(logits[canvas.rows, index], ctx.sampling)
 
     @staticmethod
     def _sample(ctx: Context, p: Tensor, residual: Tensor, first: Tensor) -> Tensor:
-        """One token per offset 0..L [B, L+1]: from the residual at offset `first` (the bonus p
-        when first = L), from p elsewhere; L + 1 uniforms per image."""
+        """One token per offset 0..L [B, L+1]: from the residual at offset first [B, 1] (the bonus
+        p when first = L), from p elsewhere; L + 1 uniforms per image."""
         length = residual.shape[1]
-        at_first = span(length + 1, first.device) == first[:, None]
+        at_first = span(length + 1, first.device) == first  # [B, L+1]
         dist = torch.where(at_first[..., None], torch.cat([residual, p[:, length:]], 1), p)
         return sample_from(dist, ctx.streams)
 
     @staticmethod
     def _record(rec: StatsRecorder, active: Tensor, start: Tensor, draft: Draft, res: Resolution,
-                extra: Tensor) -> None:
+                extra: Tensor | int) -> None:
         """Keep one step's raw tensors; `_summarise` counts all steps at once."""
         rec.step(active=active, start=start, advance=res.advance, extra=extra, first=res.first,
                  drafter=draft.drafter_forwards, keep=res.keep, resample=res.resample, rejected=res.rejected)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from baselines.acceptance import TreeRule, accept_tree
-from baselines.canvas import Context
+from baselines.canvas import Context, span
 from baselines.draft_tree import tree_attention
 from baselines.eagle import EagleDraft
 from baselines.recorder import StatsRecorder
@@ -90,7 +90,7 @@ class TreeDecoder:
         run.catch_up(target.hidden, ids, root, torch.full_like(root, prefix))
         rec = StatsRecorder(b, (rows, cols), device)
         rec.forward(torch.ones(b, dtype=torch.bool, device=device), torch.ones_like(root))  # the prefill
-        step = torch.arange(levels, device=device)
+        step = span(levels, device)
         scratch = seq + torch.arange(m, device=device)
         running = Running(device)  # the loop's one host read per round (harness/hostsync.py)
         while running(active := root < n_tokens - 1):
@@ -103,25 +103,25 @@ class TreeDecoder:
             p = probs(target.forward(block, positions, mask, slots=write), self.sampling)  # [B, 1+m, V]
             hidden = target.hidden  # [R, 1+m, dim]
             u = streams.draw((levels * k + 1,))
-            verdict = accept_tree(p, tree.children, block, u[:, :-1].reshape(b, levels, k), remaining,
-                                  self.accept, ctx)
-            a = torch.where(active, verdict.accepted, torch.zeros_like(root))
+            verdict = accept_tree(p, tree.children, block, tree.depth, u[:, :-1].reshape(b, levels, k),
+                                  remaining, self.accept, ctx)
+            a = verdict.accepted  # 0 for finished rows: their limit `remaining` is 0
             final = inverse_cdf(verdict.dist, u[:, -1])
             # commit the path: cache slots, tokens, the head's catch-up
-            moving = (step[None] < a[:, None]) & active[:, None]
-            src = torch.where(moving, seq - 1 + verdict.path, seq)
-            dst = torch.where(moving, prefix + root[:, None] + 1 + step, seq)
-            target.move_cache(src, dst)
-            new = block.gather(1, verdict.path)  # [B, L]: the path's tokens, level by level
-            new = torch.cat([new, torch.zeros_like(root)[:, None]], 1)
-            new.scatter_(1, a[:, None], final[:, None])
-            at = root[:, None] + 1 + torch.arange(levels + 1, device=device)
-            keep = (torch.arange(levels + 1, device=device)[None] <= a[:, None]) & active[:, None]
-            tokens.scatter_(1, at, torch.where(keep, new, tokens.gather(1, at)))
+            at = (root + 1)[:, None] + span(levels + 1, device)  # [B, L+1] positions after the root
+            moving = step[None] < a[:, None]
+            target.move_cache(torch.where(moving, seq - 1 + verdict.path, seq),
+                              torch.where(moving, prefix + at[:, :levels], seq))
+            new = torch.cat([block.gather(1, verdict.path), final[:, None]], 1)  # [B, L+1] level by level
+            new.scatter_(1, a[:, None], final[:, None])  # the drawn token right after the path
+            # positions after root + a + 1 get placeholders that later rounds overwrite before they are
+            # read (catch-up entries past `count` go to the head's dump slot; a finished row writes
+            # past the image)
+            tokens.scatter_(1, at, new)
             path = torch.cat([torch.zeros_like(root)[:, None], verdict.path], 1)  # root + accepted nodes
             feats = hidden.gather(1, target.model_rows(path)[..., None].expand(-1, -1, hidden.shape[-1]))
-            run.catch_up(feats, tokens.gather(1, at), prefix + root, torch.where(active, a + 1, 0))
-            advance = torch.where(active, torch.minimum(a + 1, remaining), torch.zeros_like(root))
+            run.catch_up(feats, new, prefix + root, torch.where(active, a + 1, 0))
+            advance = torch.minimum(a + 1, remaining)
             self._record(rec, active, root, tree.depth, remaining, a, verdict.rejected, advance, levels)
             root = root + advance
         self._summarise(rec, rec.stacked(), levels)

@@ -21,6 +21,7 @@ parallel-decoding gaps): "above" 0.674, "reference" 0.729.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -86,26 +87,71 @@ def zipar_schedule(rows: int, cols: int, window: int, stand_in: str = "reference
 
 
 @functools.lru_cache(maxsize=64)
-def written_masks(rows: int, cols: int, window: int, stand_in: str, prefix: int,
+def written_masks(rows: int, cols: int, window: int, stand_in: str, prefix: int, batch: int,
                   device: torch.device) -> tuple[Tensor, ...]:
-    """The "written" mask [T, S] of every forward of the schedule (S = prefix + rows * cols cache
+    """The "written" mask [B, T, S] of every forward of the schedule (S = prefix + rows * cols cache
     slots): the prefix and the slots written so far (decoded or stand-in) at or before each query;
-    the schedule is the same for every image, so these are made once."""
+    the schedule is the same for every image, so these are made once per batch size (each a
+    [T, S] mask expanded over the batch)."""
     written = torch.zeros(prefix + rows * cols, dtype=torch.bool, device=device)
     written[:prefix] = True
     masks = []
     for step in zipar_steps(rows, cols, window, stand_in, device):
         written[prefix + step.slots] = True
-        masks.append(attention_mask(prefix + step.slots, written.shape[0], ~written, own=False))
+        mask = attention_mask(prefix + step.slots, written.shape[0], ~written, own=False)
+        masks.append(mask.expand(batch, -1, -1))
     return tuple(masks)
 
 
 @functools.lru_cache(maxsize=64)
-def zipar_steps(rows: int, cols: int, window: int, stand_in: str, device: torch.device) -> tuple[ZipStep, ...]:
+def zipar_steps(rows: int, cols: int, window: int, stand_in: str,
+                device: torch.device) -> tuple[ZipStep, ...]:
     """`zipar_schedule` with its index tensors on `device`, copied once (not one host-to-device copy
-    per forward; the low-resolution drafter of baselines/lowres.py reads it too)."""
+    per forward)."""
     return tuple(ZipStep(*(t.to(device) for t in (s.slots, s.sources, s.decoded, s.from_input)))
                  for s in zipar_schedule(rows, cols, window, stand_in))
+
+
+@dataclass(frozen=True)
+class ZipLayout:
+    """A schedule's forwards side by side (the low-resolution drafter of baselines/lowres.py builds
+    each proposal's index tables and masks from it in one go): forward i feeds inputs
+    inputs_at[i] .. inputs_at[i + 1] - 1 and decodes decoded_at[i] .. decoded_at[i + 1] - 1.
+
+    slots, sources [T]: every forward's ZipStep.slots and .sources, forward after forward;
+    forward [T, 1]: the forward of each input; decoded [D]: the ZipStep.decoded, forward after
+    forward; from_input: each forward's ZipStep.from_input; written [rows * cols + 1]: the first
+    forward that feeds each slot (the number of forwards for none; the last entry: past the grid)."""
+
+    slots: Tensor
+    sources: Tensor
+    forward: Tensor
+    decoded: Tensor
+    from_input: tuple[Tensor, ...]
+    inputs_at: tuple[int, ...]
+    decoded_at: tuple[int, ...]
+    written: Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def zipar_layout(rows: int, cols: int, window: int, stand_in: str, device: torch.device) -> ZipLayout:
+    """`zipar_schedule` laid out side by side on `device` (ZipLayout), made once per schedule."""
+    steps = zipar_schedule(rows, cols, window, stand_in)
+    written = torch.full((rows * cols + 1,), len(steps))
+    for i, step in reversed(list(enumerate(steps))):  # the earliest forward writes last
+        written[step.slots] = i
+    sizes = [len(step.slots) for step in steps]
+    forward = torch.repeat_interleave(torch.arange(len(steps)), torch.tensor(sizes, dtype=torch.long))
+
+    def joined(name: str) -> Tensor:
+        return torch.cat([getattr(step, name) for step in steps] or [torch.zeros(0, dtype=torch.long)])
+
+    return ZipLayout(slots=joined("slots").to(device), sources=joined("sources").to(device),
+                     forward=forward[:, None].to(device), decoded=joined("decoded").to(device),
+                     from_input=tuple(step.from_input.to(device) for step in steps),
+                     inputs_at=tuple(itertools.accumulate(sizes, initial=0)),
+                     decoded_at=tuple(itertools.accumulate((len(step.decoded) for step in steps), initial=0)),
+                     written=written.to(device))
 
 
 class ZipARDecoder:
@@ -150,12 +196,12 @@ class ZipARDecoder:
         tokens = torch.zeros(b, n, dtype=torch.long, device=device)
         tokens[:, 0] = sample(logits, self.sampling, streams)
         steps = zipar_steps(rows, cols, self.window, self.stand_in, device)
-        masks = written_masks(rows, cols, self.window, self.stand_in, model.cache_len - n, device)
+        masks = written_masks(rows, cols, self.window, self.stand_in, model.cache_len - n, b, device)
         for step, written in zip(steps, masks):
-            mask = None if self.mask == "causal" else written.expand(b, -1, -1)
+            mask = None if self.mask == "causal" else written
             out = model.forward(tokens[:, step.sources], step.slots, mask)  # [B, T, V]
             picked = out[:, step.from_input]  # [B, D, V]
-            tokens[:, step.decoded] = sample(picked, self.sampling, streams)
+            tokens.index_copy_(1, step.decoded, sample(picked, self.sampling, streams))
         # the schedule is static: every image takes the same forwards and commits the same counts
         per_step = [1, *(len(step.decoded) for step in steps)]
         stats = [DecodeStats(target_forwards=len(per_step), tokens=n, accepted_per_step=list(per_step))

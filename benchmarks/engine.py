@@ -50,7 +50,8 @@ from harness.run import _build, guided  # noqa: E402
 log = logging.getLogger("benchmarks.engine")
 FULL_SIZE = {"llamagen_xl_512": [], "tar_1.5b_512": [], "tar_7b_1024": []}
 TINY = {"llamagen_tiny": [], "tar_tiny": []}
-_MODEL_CALLS = ("prefill", "forward", "decode", "encode")
+# head_logits: the EAGLE head's output layer (the target's, CFG-mixed) is part of the head's forward
+_MODEL_CALLS = ("prefill", "forward", "decode", "encode", "head_logits")
 
 
 class _Counter(TorchDispatchMode):

@@ -11,7 +11,7 @@ the generator behind torch's CUDA RNG) keyed by the seed's two 32-bit halves, co
 - the same seed gives the same uniforms on every device (integer arithmetic only);
 - a draw is a slice of a block computed ahead on the device: the host only counts (how far the
   stream has been read is a Python int, known without looking at the device), so sampling needs
-  no host synchronisation and costs one indexing op per draw; a block of `block` elements per
+  no host synchronisation and costs one view op per draw; a block of `block` elements per
   image is computed when the read position passes the end of the previous one.
 
 Arithmetic: int64 tensors hold 32-bit words; a 32 x 32-bit product is split into 16-bit halves
@@ -108,12 +108,11 @@ class ImageStreams:
         if end > self._start + self._ahead.shape[1]:  # computed ahead from the read position
             self._start = self.position
             self._ahead = stream_uniforms(self.keys, self._start, max(self.block, count))
-        offset = self.position - self._start
+        offset = self._ahead.storage_offset() + self.position - self._start
         self.position = end
-        if not shape:  # one uniform per image: a column of the block, [B]
-            return self._ahead[:, offset]
-        block = self._ahead[:, offset:offset + count]
-        return block if len(shape) == 1 else block.view(self.batch, *shape)
+        # every row's next `count` elements (a block's rows are dense) seen as [B, *shape]: one view
+        inner = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))  # row-major strides
+        return self._ahead.as_strided((self.batch, *shape), (self._ahead.stride(0), *inner), offset)
 
 
 def _is_int(value: object) -> bool:

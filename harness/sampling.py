@@ -42,15 +42,19 @@ def inverse_cdf(p: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF sampling with given uniforms: p [..., V], u [...] in [0, 1) -> tokens [...]
     int64: the first token whose cumulative mass exceeds u (scaled to the row total, which guards
     against rounding; the clamp keeps u * total == total on the last token)."""
+    return _inverse_cdf(p, u[..., None])
+
+
+def _inverse_cdf(p: Tensor, u: Tensor) -> Tensor:
+    """`inverse_cdf` with the uniforms as a column: p [..., V], u [..., 1] -> tokens [...]."""
     cdf = p.cumsum(-1)
-    scaled = u[..., None] * cdf[..., -1:]  # [..., 1]
-    return torch.searchsorted(cdf, scaled, right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)
+    return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)
 
 
 def sample_from(p: Tensor, streams: ImageStreams) -> Tensor:
     """p [B, T, V] (or [B, V]) -> tokens [B, T] (or [B]) by inverse-CDF with T uniforms per image."""
-    u = streams.draw(tuple(p.shape[1:-1]))  # [B] or [B, T]
-    return inverse_cdf(p, u if u.device == p.device else u.to(p.device))
+    u = streams.draw((*p.shape[1:-1], 1))  # [B, 1] or [B, T, 1]
+    return _inverse_cdf(p, u if u.device == p.device else u.to(p.device))
 
 
 def sample(logits: Tensor, params: SamplingParams, streams: ImageStreams) -> Tensor:

@@ -112,16 +112,16 @@ def _grown_pool(b: int, depth: int, k: int, seed: int) -> Pool:
         return -(torch.rand(*shape, generator=g) * 3).round(decimals=1)
 
     ranks = torch.arange(k).expand(b, -1)
-    pool = Pool()
+    pool = Pool(TreeOptions(depth=depth, top_k=k, total_tokens=2), torch.device("cpu"))
     score = logq(b, k).sort(-1, descending=True).values
-    pool.add(torch.randint(50, (b, k), generator=g), torch.full((b, k), -1), 1, score, ranks)
+    pool.add(torch.randint(50, (b, k), generator=g), torch.full((b, k), -1), score)
     front_pool, front_score = ranks, score
     for i in range(depth):
         child = logq(b, k, k).sort(-1, descending=True).values
         cum = (front_score[:, :, None] + child).flatten(1)
         base = pool.size
         parents = front_pool[:, :, None].expand(-1, -1, k).flatten(1)
-        pool.add(torch.randint(50, (b, k * k), generator=g), parents, i + 2, cum, ranks.repeat(1, k))
+        pool.add(torch.randint(50, (b, k * k), generator=g), parents, cum)
         best = torch.topk(cum, k).indices
         front_pool, front_score = base + best, cum.gather(1, best)
     return pool
@@ -291,6 +291,76 @@ def test_exact_siblings_in_closed_form_equal_one_at_a_time(seed: int) -> None:
     assert torch.equal(taken, want_taken) and (taken >= 0).any() and (taken < 0).any()
     none = taken < 0
     torch.testing.assert_close(after[none], want_after[none], atol=1e-6, rtol=1e-5)
+
+
+def _walk_level_by_level(p, children, tokens, u, limit, rule, ctx):  # type: ignore[no-untyped-def]
+    """The tree walk as first written: decide the children of the node reached at each level, one
+    level after the other (the reference `accept_tree` must equal)."""
+    from baselines.acceptance import sequential_siblings
+
+    b, levels, k = u.shape
+    rows = torch.arange(b)
+    cur = torch.zeros(b, dtype=torch.long)
+    dist, searching = p[:, 0], limit > 0
+    accepted, path = torch.zeros_like(cur), torch.zeros(b, levels, dtype=torch.long)
+    rejected = torch.zeros_like(searching)
+    for level in range(levels):
+        kids = children[rows, cur]
+        valid = (searching & (level < limit))[:, None] & (kids >= 0)
+        xs = tokens.gather(1, kids.clamp_min(0))
+        if hasattr(rule, "siblings"):
+            taken, after = rule.siblings(dist, xs, valid, u[:, level], ctx)
+        else:
+            taken, after = sequential_siblings(rule, dist, xs, valid, u[:, level], ctx)
+        moved = taken >= 0
+        tried = valid.any(-1) & ~moved
+        cur = torch.where(moved, kids.gather(1, taken.clamp_min(0)[:, None])[:, 0], cur)
+        path[:, level] = torch.where(moved, cur, path[:, level])
+        dist = torch.where(moved[:, None], p[rows, cur], torch.where(tried[:, None], after, dist))
+        rejected = torch.where(searching & ~moved, tried, rejected)
+        accepted += moved.long()
+        searching = searching & moved
+    return path, accepted, dist, rejected
+
+
+class _Neighbours:
+    """The one thing LanternRule.candidate reads from a decode Context: a neighbour table."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        others = [torch.cat([torch.arange(i), torch.arange(i + 1, vocab)]) for i in range(vocab)]
+        self.table = torch.stack([o[torch.randperm(vocab - 1, generator=g)] for o in others])  # [V, V-1]
+
+    def neighbours(self, k: int, metric: str = "raw") -> torch.Tensor:
+        return self.table[:, :k]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("rule", ["exact", "lantern", "lantern_pooled"])
+def test_every_node_decided_at_once_equals_the_level_by_level_walk(seed: int, rule: str) -> None:
+    from baselines.acceptance import accept_tree
+
+    b, depth, k, nodes, vocab = 32, 3, 3, 17, 50
+    tree = select(_grown_pool(b, depth, k, seed), nodes, k)
+    g = torch.Generator().manual_seed(100 + seed)
+    p = torch.rand(b, nodes + 1, vocab, generator=g) ** 4
+    p[..., -5:] = 0.0  # filtered codes
+    block = torch.cat([torch.zeros(b, 1, dtype=torch.long), tree.tokens], 1)
+    # each node's children are likely under its p (so that paths get long): put mass on them
+    kids = block.gather(1, tree.children.clamp_min(0).flatten(1)).view(b, nodes + 1, k)
+    p.scatter_add_(-1, kids, (tree.children >= 0) * 2.0)
+    p /= p.sum(-1, keepdim=True)
+    u = torch.rand(b, depth + 1, k, generator=g)
+    limit = torch.randint(0, depth + 3, (b,), generator=g)
+    rules = {"exact": ExactRule(), "lantern": LanternRule(k=6, delta=0.3),
+             "lantern_pooled": LanternRule(k=6, delta=0.3, on_reject="pooled")}
+    ctx = _Neighbours(vocab, seed)
+    got = accept_tree(p, tree.children, block, tree.depth, u, limit, rules[rule], ctx)  # type: ignore[arg-type]
+    path, accepted, dist, rejected = _walk_level_by_level(p, tree.children, block, u, limit, rules[rule], ctx)
+    assert torch.equal(got.accepted, accepted) and torch.equal(got.path, path)
+    assert torch.equal(got.rejected, rejected)
+    torch.testing.assert_close(got.dist, dist, atol=1e-6, rtol=1e-5)
+    assert (accepted >= 2).any() and rejected.any() and (limit == 0).any(), "the cases this test is about"
 
 
 def test_lantern_relaxes_acceptance() -> None:

@@ -1,7 +1,7 @@
 """Rejection islands and MuLo-SD's resampler without host reads or [B, L, L] tensors
-(baselines/islands.py, baselines/resampling.py): every piece gives what the pairwise, read-per-step
-implementation gave (kept below as the reference), and one `fill` reads the device at most once
-(plus one read per chunk of labelling passes) when reads are not free."""
+(baselines/islands.py, baselines/resampling.py): every piece gives what the pairwise, read-per-step,
+pack-per-forward implementation gave (kept below as the reference), and one `fill` reads the device
+at most once (plus one read per chunk of labelling passes) when reads are not free."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -17,15 +17,18 @@ from baselines import islands, resampling
 from baselines.islands import block_islands, dense, island_steps, label_islands, serial_steps
 from baselines.local import LocalScope, block_coordinates
 from baselines.lowres import LowResDraft
-from baselines.pooled import PooledThresholdRule
+from baselines.canvas import feed_positions
+from baselines.pooled import PooledThresholdRule, anchor_table, anchored
 from baselines.resampling import IslandResampler
 from baselines.scope import Resolution
 from baselines.speculative import SpeculativeDecoder
 from baselines.upsamplers import NearestUpsampler
 from harness import engine, hostsync
 from harness.api import ModelBundle, SamplingParams
+from harness.models.masks import attention_mask
 from harness.models.random_init import build
 from harness.run import guided
+from harness.sampling import inverse_cdf, probs
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, cfg_scale=2.0)
@@ -108,8 +111,8 @@ def _reference_pack(selected: Tensor) -> tuple[Tensor, Tensor]:
 
 class _ReferenceResampler(IslandResampler):
     """The resampler's fill as it was: the reference schedules and statistics, reads per forward,
-    exact widths; the forward itself is the resampler's (only its packing width changed, which
-    test_widths_are_the_packed_counts and test_pack_pads_with_unselected_offsets check)."""
+    and each forward packing its own inputs and drawn positions (exact widths) instead of reading
+    them from the fill's tables."""
 
     def fill(self, ctx, canvas, res):  # type: ignore[no-untyped-def]
         start, length = canvas.frontier, res.resample.shape[1]
@@ -123,15 +126,51 @@ class _ReferenceResampler(IslandResampler):
         u = ctx.streams.draw((length,))  # L draws per image, used or not
         forwards = steps.max(-1).values + 1  # [B]
         ready = self._kept_ready(steps, res) if self.kv == "inline" else None
-        widths = self._widths(steps, res.first, ready)  # exact: test_widths_are_the_packed_counts
         for s in range(int(forwards.max())):
-            self._forward(ctx, canvas, steps, res.first, s, u, (int(widths[0, s]), int(widths[1, s])), ready)
+            self._reference_forward(ctx, canvas, steps, res.first, s, u, ready)
         ctx.count("verify_forwards", (res.advance > 0).long())
         ctx.count("resample_forwards", forwards)
         for name, values in _reference_statistics(labels).items():
             ctx.count(name, values, reduce="max" if name == "island_size_max" else "sum")
         return replace(res, kv_valid=self._kv_valid(res, steps, forwards, ready)), forwards
 
+    def _reference_forward(self, ctx, canvas, steps, first, s, u, ready=None):  # type: ignore[no-untyped-def]
+        start, (b, length) = canvas.frontier, steps.shape
+        offsets = torch.arange(length, device=start.device)
+        fresh = (steps == s - 1) if s else (offsets[None] == first[:, None])
+        if ready is not None:
+            fresh = fresh | (ready == s)
+        drawn = steps == s
+        queries = torch.cat([drawn[:, 1:], torch.zeros_like(drawn[:, :1])], 1)  # offset o predicts o + 1
+        feed, feed_ok = _reference_pack(fresh | queries)
+        index = start[:, None] + feed
+        tokens = canvas.tokens.gather(1, index)
+        positions = torch.where(feed_ok, feed_positions(index, ctx.n_tokens), ctx.n_tokens - 1)
+        mask = _reference_mask(ctx, start, positions, steps >= s) if self.context == "masked" else None
+        logits = ctx.models.target.forward(tokens, positions, mask)  # [B, W, V]
+        slot_of = torch.zeros(b, length + 1, dtype=torch.long, device=start.device)  # offset -> input
+        inputs = torch.arange(feed.shape[1], device=start.device).expand(b, -1)
+        slot_of.scatter_(1, torch.where(feed_ok, feed, length), inputs)
+        out, out_ok = _reference_pack(drawn)
+        source = slot_of.gather(1, (out - 1).clamp_min(0))
+        picked = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
+        where = start[:, None] + out
+        there = canvas.tokens.gather(1, where)
+        p = probs(picked, ctx.sampling)
+        if self.anchor:
+            p = anchored(p, there, anchor_table(ctx, self.anchor))
+        new = inverse_cdf(p, u.gather(1, out))
+        canvas.tokens.scatter_(1, where, torch.where(out_ok, new, there))
+
+
+def _reference_mask(ctx, start: Tensor, positions: Tensor, pending: Tensor) -> Tensor:  # type: ignore[no-untyped-def]
+    """Slot-causal mask [B, W, S] without the slots of pending offsets [B, L] (but a query's own)."""
+    slots = ctx.models.target.cache_len
+    prefix = slots - ctx.n_tokens
+    hidden = torch.zeros(start.shape[0], slots + 1, dtype=torch.bool, device=start.device)
+    offsets = torch.arange(pending.shape[1], device=start.device)
+    hidden.scatter_(1, (start[:, None] + prefix + offsets).clamp(max=slots), pending)
+    return attention_mask(positions + prefix, slots, hidden[:, :slots])
 
 
 # ----------------------------------------------------------------------------- random inputs
@@ -275,7 +314,7 @@ def test_statistics_match_the_reference() -> None:
 
 
 def test_widths_are_the_packed_counts() -> None:
-    """_widths gives, for every step, the widths pack used to read from the device."""
+    """_widths gives, for every step, the widths the reference forward packs."""
     g = torch.Generator().manual_seed(5)
     for resample, first, start, grid in _random_blocks(g, 150):
         length = resample.shape[1]
@@ -285,7 +324,7 @@ def test_widths_are_the_packed_counts() -> None:
         res = Resolution(keep=kept, rejected=resample, first=first, resample=resample,
                          advance=torch.full_like(first, length), kv_valid=first)
         for ready in (None, IslandResampler._kept_ready(steps, res)):
-            widths = IslandResampler._widths(steps, first, ready)
+            widths = IslandResampler._widths(steps, IslandResampler._inputs(steps, first, ready))
             offsets = torch.arange(length)
             for s in range(length):
                 fresh = (steps == s - 1) if s else (offsets[None] == first[:, None])
@@ -297,13 +336,11 @@ def test_widths_are_the_packed_counts() -> None:
                 assert int(widths[1, s]) == _reference_pack(drawn)[0].shape[1], s
 
 
-def test_pack_pads_with_unselected_offsets() -> None:
-    selected = torch.tensor([[False, True, False, True, False], [True, False, False, False, False]])
-    order, valid = resampling.pack(selected, 4)
-    assert order.tolist() == [[1, 3, 0, 2], [0, 1, 2, 3]]
-    assert valid.tolist() == [[True, True, False, False], [True, False, False, False]]
+def test_buckets_are_powers_of_two() -> None:
     widths = (0, 1, 2, 3, 4, 5, 17, 33, 48)
     assert [resampling.bucket(w, 48) for w in widths] == [1, 1, 2, 4, 4, 8, 32, 48, 48]
+    want = [resampling.bucket(w, 48) for w in range(49)]
+    assert resampling.buckets(48, torch.device("cpu")).tolist() == want
 
 
 # ----------------------------------------------------------------------------- decoding

@@ -404,6 +404,31 @@ def test_pooled_mass_sums_the_neighbourhood() -> None:
         PooledThresholdRule(k=4, tau=1.5)
 
 
+class _Table:
+    """The neighbour table a decode Context would hand the rule (code c's nearest others)."""
+
+    table = torch.tensor([[1, 2], [0, 2], [3, 1], [2, 1]])
+
+    def neighbours(self, k: int) -> torch.Tensor:
+        return self.table[:, :k]
+
+
+def test_confident_rejects_drafts_where_the_target_is_sure_of_a_code_outside_the_neighbourhood() -> None:
+    # draft 2 (neighbourhood {2, 3} at k = 2); p sure of 0 (outside), of 3 (inside), and unsure
+    p = torch.tensor([[[0.8, 0.1, 0.05, 0.05], [0.05, 0.05, 0.1, 0.8], [0.3, 0.3, 0.2, 0.2]]])
+    drafts = torch.full((1, 3), 2)
+    u = torch.zeros(1, 3)
+    paper = PooledThresholdRule(k=2, tau=0.0).decide(p, None, drafts, u, _Table())
+    strict = PooledThresholdRule(k=2, tau=0.0, confident=0.5).decide(p, None, drafts, u, _Table())
+    assert paper.accept.tolist() == [[True, True, True]]
+    assert strict.accept.tolist() == [[False, True, True]]
+    looser = PooledThresholdRule(k=2, tau=0.0, confident=0.9).decide(p, None, drafts, u, _Table())
+    assert looser.accept.all()
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="accept.confident"):
+            PooledThresholdRule(confident=bad)
+
+
 @pytest.mark.parametrize("variant", ["default", "visible-stale-serial-rows1"])
 def test_batch_size_does_not_change_mulo_images(bundle: ModelBundle, variant: str) -> None:
     overrides = ["decoder=[mulo_sd]", "model=random", "sampling.temperature=1.0", "sampling.top_k=20",

@@ -331,11 +331,12 @@ class GPT(nn.Module):
         """Copy every layer's cached keys/values of slots src [B, A] to slots dst [B, A], row by row
         (an accepted draft-tree path to its positions' slots). Keys are stored after rotation, and a
         tree node was rotated by its position, so the copy is what re-encoding the path would write."""
+        rows = torch.arange(src.shape[0], device=src.device)[:, None]
         for layer in self.layers:
             cache = layer.attention.kv_cache
             if cache is None:
                 raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
-            cache.move(src, dst)
+            cache.move(src, dst, rows)
 
 
 def causal_mask(positions: Tensor, prefix_len: int, slots: int) -> Tensor:

@@ -106,13 +106,14 @@ class KVCache(nn.Module):
         self.v_cache.transpose(1, 2)[rows, slots] = v.transpose(1, 2).to(self.v_cache.dtype)
         return self.k_cache, self.v_cache
 
-    def move(self, src: Tensor, dst: Tensor) -> None:
-        """Copy the entries of slots src [B, A] to slots dst [B, A] of each row (read first, so
-        overlapping sets copy the old values)."""
-        rows = torch.arange(src.shape[0], device=src.device)[:, None].expand_as(src)
-        for cache in (self.k_cache, self.v_cache):
-            view = cache.transpose(1, 2)  # [B, S, H, hd]
-            view[rows, dst] = view[rows, src].clone()
+    def move(self, src: Tensor, dst: Tensor, rows: Tensor | None = None) -> None:
+        """Copy the entries of slots src [B, A] to slots dst [B, A] of each row (the gather copies,
+        so overlapping sets copy the old values); rows: arange(B)[:, None], made once by a caller
+        that moves several caches."""
+        if rows is None:
+            rows = torch.arange(src.shape[0], device=src.device)[:, None]
+        for cache in (self.k_cache, self.v_cache):  # [B, H, S, hd]: index [B, A] pairs of (row, slot)
+            cache[rows, :, dst] = cache[rows, :, src]
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, rope: Tensor | None, mask: Tensor | None,
