@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -55,3 +56,18 @@ def test_engine_counts_loop_and_model_operators(capsys) -> None:  # noqa: ANN001
     assert raster[1] == raster[2] == "256" and float(raster[3]) > 0 and float(raster[4]) > float(raster[3])
     assert float(raster[5]) == 0 and raster[6] == "0"  # raster reads nothing on the host
     assert "zipar" in rows and "llamagen_tiny" in rows and "tar_tiny" in rows
+
+
+def test_rejection_sites_finds_object_cells_and_their_top_edges() -> None:
+    from benchmarks.rejection_sites import object_cells, top_edges
+
+    image = np.full((32, 32, 3), 200, dtype=np.uint8)  # plain background, 4x4 cells of 8 px
+    image[8:24, 16:24] = (255, 0, 0)  # an object over cells rows 1-2, col 2
+    image[26:28, 0:8] = (0, 0, 255)  # a quarter of cell (3, 0): not an object cell (> 1/4 needed)
+    image[0:8, 0:8] = (190, 205, 200)  # close to the background colour: not an object
+    objects = object_cells(image, (4, 4))
+    want = np.zeros((4, 4), dtype=bool)
+    want[1:3, 2] = True
+    assert (objects == want).all()
+    edges = top_edges(objects)
+    assert edges[1, 2] and not edges[2, 2] and edges.sum() == 1
