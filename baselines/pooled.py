@@ -16,6 +16,16 @@ its content again; the resampler takes the same option for the rest of the resam
 `confident` (an extension, not in the paper): a draft is also rejected when the target puts at least
 that much mass on one code outside B_k(x~_i), i.e. where the target is sure of another token than
 anything near the draft (a stricter rule exactly where the target knows the detail).
+
+`below` (an extension, not in the paper): a rejected draft is accepted again when the draft
+continues it below and the target, teacher-forced on it, accepts that continuation. With n >= 1,
+for n passes: a rejected x~_i is accepted when the cell one row below, x~_{i+W}, is accepted and
+lies in B_k(x~_i). The verification forward saw x~_i when it scored x~_{i+W}, so an accepted
+continuation is the target's verdict on the object that x~_i starts: where raster order first
+meets an object the target, having seen only background above, gives the object's first cell
+little mass, and the rule would otherwise reject the object's start (docs/shapes_world.md, "A
+verification that judges detail"). The block must be the image after its first token, in raster
+order (the lowres draft with draft.rows: null and scope.rounds: 1; the decoder checks this).
 """
 from __future__ import annotations
 
@@ -63,6 +73,24 @@ def confident_elsewhere(p: Tensor, drafts: Tensor, neighbours: Tensor | None, le
     return outside.amax(-1) >= level
 
 
+def continued_below(accept: Tensor, drafts: Tensor, neighbours: Tensor | None, cols: int, passes: int,
+                    inside: int) -> Tensor:
+    """accept [B, L] bool, drafts [B, L] (raster order, rows of width `cols`; the first `inside`
+    entries lie in the image, the rest past its end), neighbours [V, k-1] (None: k = 1) -> [B, L]
+    bool: accept, with each rejected draft accepted again when the draft one row below (in the
+    image) is accepted and lies in its k-neighbourhood; `passes` times (a rescued cell can rescue
+    the one above it in the next pass)."""
+    inside = min(inside, accept.shape[1])
+    if inside <= cols:
+        return accept
+    above, below = drafts[:, :inside - cols], drafts[:, cols:inside]
+    same = (anchor_set(above, neighbours) == below[..., None]).any(-1)  # [B, inside - W]
+    head, tail = accept[:, :inside], accept[:, inside:]
+    for _ in range(passes):
+        head = torch.cat([head[:, :-cols] | (same & head[:, cols:]), head[:, -cols:]], 1)
+    return torch.cat([head, tail], 1)
+
+
 def anchor_table(ctx: Context, anchor: int) -> Tensor | None:
     """The neighbour table of B_anchor (None for anchor = 1: the token alone)."""
     return ctx.neighbours(anchor - 1) if anchor > 1 else None
@@ -78,6 +106,8 @@ class PooledThresholdRule:
             draft token's a-neighbourhood (see the module docstring).
         confident: None (the paper) or a level in (0, 1]: also reject a draft when p gives at least
             this much to one code outside its k-neighbourhood (module docstring).
+        below: 0 (the paper) or n >= 1 passes: a rejected draft is accepted again when the
+            accepted draft one row below lies in its k-neighbourhood (module docstring).
 
     With greedy sampling p is one-hot on the argmax, so for 0 < tau <= 1 the rule accepts exactly
     when the argmax lies in the draft's neighbourhood.
@@ -86,7 +116,7 @@ class PooledThresholdRule:
     name = "pooled_threshold"
 
     def __init__(self, k: int = 16, tau: float = 0.1, anchor: int = 0,
-                 confident: float | None = None) -> None:
+                 confident: float | None = None, below: int = 0) -> None:
         if int(k) != k or k < 1:
             raise ValueError(f"decoder accept.k (pooled_threshold) must be an integer >= 1, got {k!r}")
         if not 0.0 <= tau <= 1.0:
@@ -97,7 +127,11 @@ class PooledThresholdRule:
         if confident is not None and not 0.0 < confident <= 1.0:
             raise ValueError(f"decoder accept.confident (pooled_threshold) must be null (off) or in (0, 1], "
                              f"got {confident!r}")
+        if int(below) != below or below < 0:
+            raise ValueError(f"decoder accept.below (pooled_threshold) must be an integer >= 0 (0: off, n: "
+                             f"rescue passes), got {below!r}")
         self.k = int(k)
+        self.below = int(below)
         self.tau = float(tau)
         self.anchor = int(anchor)
         self.confident = None if confident is None else float(confident)
@@ -108,6 +142,10 @@ class PooledThresholdRule:
         accept = pooled_mass(p, drafts, table) >= self.tau
         if self.confident is not None:
             accept &= ~confident_elsewhere(p, drafts, table, self.confident)
+        if self.below:
+            # the block is positions 1 .. N of the image (the whole-image draft after the prefill's
+            # token, one verification; SpeculativeDecoder checks this): N - 1 entries inside
+            accept = continued_below(accept, drafts, table, ctx.grid[1], self.below, ctx.n_tokens - 1)
         if self.anchor:
             return Verdict(accept=accept, residual=anchored(p, drafts, anchor_table(ctx, self.anchor)))
         return Verdict(accept=accept, residual=p)

@@ -1,12 +1,12 @@
-"""Untimed quality sweep: shapes-GenEval of raster and of decoder variants on many prompts, each with
-its paired gap to raster, as one pipeline run (harness.run.run with `timing.images=0`: every image
+"""Quality sweep: shapes-GenEval of raster and of decoder variants on many prompts, each with its
+paired gap to raster, as one pipeline run (harness.run.run with `timing.images=0`: every image
 decoded once, untimed, at --batch; speed evaluator for the forward counts, geneval_shapes for the
-verdicts) under --out, rendered with harness.report. benchmarks/mulo.py times decoders.
+verdicts) under --out, rendered with harness.report. `--timed N` times the first N images.
 
     python benchmarks/mulo_quality.py [--model shapes_x2] [--prompts 1536] [--start 0] [--seed 2]
                                       [--batch 256] [--device auto] [--threads N] [--out DIR]
                                       [--variant NAME=DECODER[:KEY=VALUE,...] ...] [--set KEY=VALUE ...]
-                                      [--samples DIR] [--fid]
+                                      [--samples DIR] [--fid] [--timed N]
 
 A variant names a decoder of the harness config (raster, zipar, mulo_sd, ...) and overrides of that
 decoder's keys, e.g. `tau0=mulo_sd:accept.tau=0.0,draft.window=8`; it becomes decoder NAME of the
@@ -27,6 +27,11 @@ objects than a counting prompt allows), `color` (found, not of the asked colour)
 another draw of the image seeds (`raster_redrawn`: the metrics' own noise at this N) and prints the
 quality verdict of each row (benchmarks/goal.py: GenEval gap >= -0.02 and FID within 10% of raster's
 or KID within the noise band).
+
+`--timed N` times the first N images of the plan at batch 1 (timing.images = N, timing.reps = 2,
+decoders interleaved) and adds each row's speed-up over raster and its timing noise; the other
+images are decoded untimed as before. Images already in a --samples set are not decoded again, so
+they are not timed either: time into a folder of its own.
 """
 from __future__ import annotations
 
@@ -39,8 +44,9 @@ from typing import Sequence
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (CONF, DRAFTER_FORWARDS, FID, GAP, GENEVAL, KID, TARGET_FORWARDS,  # noqa: E402
-                               compose_config, decoder_table, header, mirrored, out_dir, quiet, run_job, variant)
+from benchmarks.common import (CONF, DRAFTER_FORWARDS, FID, GAP, GENEVAL, KID, NOISE, SPEEDUP,  # noqa: E402
+                               TARGET_FORWARDS, compose_config, decoder_table, header, mirrored, out_dir,
+                               quiet, run_job, variant)
 from benchmarks.goal import GOAL, HELD_OUT_SEED, REDRAWN, detail, rows_of  # noqa: E402
 from harness.report.specs import MetricSpec  # noqa: E402
 
@@ -118,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         help="a row (repeatable; default: the x2 world's rows in the README)")
     add("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override of every row (repeatable)")
     add("--fid", action="store_true", help="also FID/KID, raster_redrawn and the quality verdict")
+    add("--timed", type=int, default=0, help="time the first N images at batch 1 (speed-up, noise)")
     a = ap.parse_args(argv)
     quiet()
     try:
@@ -128,15 +135,15 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         ap.error(str(err))
     if any("=" not in o for o in a.set):
         ap.error(f"--set needs KEY=VALUE, got {[o for o in a.set if '=' not in o]}")
-    if a.prompts < 1 or a.batch < 1 or a.start < 0:
-        ap.error("--prompts and --batch must be >= 1 and --start >= 0")
+    if a.prompts < 1 or a.batch < 1 or a.start < 0 or not 0 <= a.timed <= a.prompts:
+        ap.error("--prompts and --batch must be >= 1, --start >= 0 and --timed in [0, --prompts]")
     known = {p.stem for p in (CONF / "decoder").glob("*.yaml")}
     unknown = sorted({d for _, d, _ in rows} - known)
     if unknown:
         raise ValueError(f"no decoder {unknown[0]!r}; the decoders are {sorted(known)} (conf/decoder/)")
     overrides = ["decoder=[raster]", "name=mulo_quality", f"seed={a.seed}", f"dataset.n={a.start + a.prompts}",
                  f"dataset_start={a.start}", f"dataset_limit={a.prompts}", f"batch_size={a.batch}",
-                 "timing.images=0", f"device={a.device}",
+                 f"timing.images={a.timed}", "timing.reps=2", "timing.batch_size=1", f"device={a.device}",
                  f"evaluator=[speed,geneval_shapes{',fid_shapes' if a.fid else ''}]",
                  *(["evaluator.fid_shapes.show_progress=false"] if a.fid else []),
                  "evaluator.geneval_shapes.show_progress=false", *([f"threads={a.threads}"] if a.threads else []),
@@ -151,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
                  out=out) + "".join(f" {o}" for o in a.set), flush=True)
     summary = with_shares(run_job(compose_config(overrides, a.model), out), out)
     labels = {"raster": "raster", **{n: n for n, _, _ in rows}}
-    columns = (TARGET_FORWARDS, DRAFTER_FORWARDS, GENEVAL, GAP, *((FID, KID) if a.fid else ()), *SHARES)
+    columns = (TARGET_FORWARDS, DRAFTER_FORWARDS, *((SPEEDUP, NOISE) if a.timed else ()), GENEVAL, GAP,
+               *((FID, KID) if a.fid else ()), *SHARES)
     print(decoder_table(summary, f"quality ({a.model}, seed {a.seed}, prompts {a.start}..{a.start + a.prompts})",
                         labels, columns), flush=True)
     if a.fid:

@@ -429,6 +429,44 @@ def test_confident_rejects_drafts_where_the_target_is_sure_of_a_code_outside_the
             PooledThresholdRule(confident=bad)
 
 
+class _Grid(_Table):
+    """_Table on a 4x2 image: a decode block of 8 entries is positions 1 .. 8, entry 7 past the end."""
+
+    grid = (4, 2)
+    n_tokens = 8
+
+
+def test_below_accepts_a_rejected_draft_again_where_the_accepted_draft_below_continues_it() -> None:
+    # k = 2: B(2) = {2, 3}, B(0) = {0, 1}; rows of width 2 in the block: entry j is above entry j + 2
+    drafts = torch.tensor([[2, 0, 2, 2, 2, 2, 2, 2]])
+    no, off, yes = [0.9, 0.1, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.5, 0.5]
+    p = torch.tensor([[no, off, no, yes, yes, no, yes, yes]])
+    u = torch.zeros(1, 8)
+
+    def accept(below: int) -> list[bool]:
+        rule = PooledThresholdRule(k=2, tau=0.5, below=below)
+        return rule.decide(p, None, drafts, u, _Grid()).accept[0].tolist()
+
+    F, T = False, True
+    assert accept(0) == [F, F, F, T, T, F, T, T]
+    # entry 2: entry 4 below is accepted and the same code; entry 1: code 2 below is outside B(0);
+    # entry 5: the only entry below it (7) lies past the image's end
+    assert accept(1) == [F, F, T, T, T, F, T, T]
+    assert accept(2) == [T, F, T, T, T, F, T, T], "entry 0 through entry 2, rescued in the first pass"
+    for bad in (-1, 0.5):
+        with pytest.raises(ValueError, match="accept.below"):
+            PooledThresholdRule(below=bad)
+
+
+def test_below_needs_the_whole_image_verified_once(bundle: ModelBundle) -> None:
+    models = guided(bundle, SAMPLED)
+    rule = PooledThresholdRule(k=4, tau=0.1, below=1)
+    with pytest.raises(ValueError, match="accept.below = 1 .*draft.rows=null"):
+        _mulo(SAMPLED, rule, rows=1).generate(models, models.condition(PROMPTS), [1, 2, 3])
+    out = _mulo(SAMPLED, rule).generate(models, models.condition(PROMPTS), [1, 2, 3])
+    assert out.tokens.shape == (3, 64)
+
+
 @pytest.mark.parametrize("variant", ["default", "visible-stale-serial-rows1"])
 def test_batch_size_does_not_change_mulo_images(bundle: ModelBundle, variant: str) -> None:
     overrides = ["decoder=[mulo_sd]", "model=random", "sampling.temperature=1.0", "sampling.top_k=20",

@@ -131,3 +131,19 @@ def test_failure_kinds_read_every_reason_the_rules_write() -> None:
         failure_kind("something else")
     frame = pd.DataFrame({"reason": [cases["missing"], "", "\n".join(missing_target), float("nan")]})
     assert failure_shares(frame) == {"missing": 0.5, "extra": 0.0, "color": 0.0, "position": 0.25}
+
+
+def test_timed_times_the_first_images_at_batch_one_and_adds_the_speed_columns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = main([*COMMON, "--prompts", "4", "--timed", "2", "--out", str(tmp_path),
+                    "--variant", "z1=zipar:window=1"])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "Method" in line)
+    assert "Speed-up" in header and "Noise" in header
+    assert {"latency_s", "speedup_vs_raster"} <= set(summary.metric)
+    for name in ("raster", "z1"):
+        stats = pd.read_csv(tmp_path / "samples" / name / "stats.csv").set_index("sample_id").sort_index()
+        assert stats.timed.tolist() == [True, True, False, False]
+        assert (stats.batch_size[stats.timed] == 1).all() and stats.batch_latency_s[stats.timed].gt(0).all()
+    with pytest.raises(SystemExit):
+        main([*COMMON, "--prompts", "2", "--timed", "3"])
