@@ -34,13 +34,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from baselines.upsamplers import resize_images  # noqa: E402
 from benchmarks.common import compose_config, out_dir, quiet  # noqa: E402
 from harness.api import ModelBundle, Prompt  # noqa: E402
+from harness.run import _build  # noqa: E402
 from harness.samples import SampleSet, SampleSpec  # noqa: E402
 from harness.shapes.bundle import load  # noqa: E402
 from harness.shapes.scenes import render, scene_for_caption  # noqa: E402
@@ -54,9 +53,8 @@ BATCH = 64
 
 def scenes(records: pd.DataFrame, size: int) -> torch.Tensor:
     """records (meta, seed) -> uint8 [B, 3, size, size]: each prompt's scene, drawn at SEED_OFFSET."""
-    images = [render(scene_for_caption(json.loads(m) if isinstance(m, str) else m,
-                                       np.random.default_rng([int(s), SEED_OFFSET])), size)
-              for m, s in zip(records["meta"], records["seed"])]
+    images = [render(scene_for_caption(json.loads(m), np.random.default_rng([int(s), SEED_OFFSET])), size)
+              for m, s in zip(records["meta"], records["seed"])]  # meta: the record's JSON string
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
 
 
@@ -83,36 +81,27 @@ def write_row(root: Path, row: str, records: pd.DataFrame, bundle: ModelBundle) 
     samples = SampleSet(root / row)
     samples.bind({"ceiling": row, "seed_offset": SEED_OFFSET, "model": bundle.name, "format": 1})
     specs = [SampleSpec(sample_id=r.sample_id, image_index=int(r.image_index), seed=int(r.seed),
-                        prompt=Prompt(id=r.prompt_id, text=r.prompt, meta=_meta(r.meta)))
+                        prompt=Prompt(id=r.prompt_id, text=r.prompt, meta=json.loads(r.meta)))
              for r in records.itertuples()]
     todo = {s.sample_id for s in samples.pending(specs)}
-    draw = ceiling(row, bundle)
+    draw, by_id = ceiling(row, bundle), records.set_index("sample_id")
     for start in range(0, len(specs), BATCH):
         batch = [s for s in specs[start:start + BATCH] if s.sample_id in todo]
         if not batch:
             continue
-        rows = records.set_index("sample_id").loc[[s.sample_id for s in batch]]
-        images = draw(rows).permute(0, 2, 3, 1).numpy()
+        images = draw(by_id.loc[[s.sample_id for s in batch]]).permute(0, 2, 3, 1).numpy()
         for spec, image in zip(batch, images):
             samples.write(spec, np.ascontiguousarray(image), {"decoder": row})
     samples.consolidate()
     return samples
 
 
-def _meta(meta: Any) -> dict[str, Any]:
-    return json.loads(meta) if isinstance(meta, str) else dict(meta)
-
-
-def evaluators(cfg: DictConfig) -> list[Any]:
-    """geneval_shapes and fid_shapes of the composed config, instantiated (without progress bars)."""
-    built = []
-    for name in ("geneval_shapes", "fid_shapes"):
-        node = OmegaConf.to_container(cfg.evaluator[name], resolve=True)
-        assert isinstance(node, dict)
-        node.pop("requires", None)
-        node["show_progress"] = False
-        built.append(instantiate(node))
-    return built
+def evaluators(model: str) -> list[Any]:
+    """geneval_shapes and fid_shapes as the harness configures them (without progress bars)."""
+    names = ("geneval_shapes", "fid_shapes")
+    cfg = compose_config(["dataset=shapes", f"evaluator=[{','.join(names)}]",
+                          *(f"evaluator.{n}.show_progress=false" for n in names)], model)
+    return [_build(cfg.evaluator[n], drop=()) for n in names]
 
 
 def score(samples: SampleSet, judges: Sequence[Any]) -> dict[str, float]:
@@ -152,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         ap.error(f"--samples {a.samples} holds {size} px images, but --model {a.model}'s target draws "
                  f"{bundle.target.image_size} px: give a SampleSet of that world")
     out = out_dir(a.out, "draft_ceiling")
-    judges = evaluators(compose_config(["dataset=shapes", "evaluator=[geneval_shapes,fid_shapes]"], a.model))
+    judges = evaluators(a.model)
     table = []
     for row in ROWS:
         samples = write_row(out / "samples", row, records, bundle)

@@ -463,8 +463,12 @@ def test_below_needs_the_whole_image_verified_once(bundle: ModelBundle) -> None:
     rule = PooledThresholdRule(k=4, tau=0.1, below=1)
     with pytest.raises(ValueError, match="accept.below = 1 .*draft.rows=null"):
         _mulo(SAMPLED, rule, rows=1).generate(models, models.condition(PROMPTS), [1, 2, 3])
-    out = _mulo(SAMPLED, rule).generate(models, models.condition(PROMPTS), [1, 2, 3])
-    assert out.tokens.shape == (3, 64)
+    # same drafts, same verification p: each pass only turns rejections into acceptances, so every
+    # image keeps at least as many drafts as with fewer passes (and these drafts have rescues)
+    kept = {below: [s.accepted for s in _mulo(SAMPLED, PooledThresholdRule(k=4, tau=0.1, below=below))
+                    .generate(models, models.condition(PROMPTS), [1, 2, 3]).stats] for below in (0, 1, 4)}
+    assert all(a <= b <= c for a, b, c in zip(kept[0], kept[1], kept[4])), kept
+    assert sum(kept[1]) > sum(kept[0]), kept
 
 
 @pytest.mark.parametrize("variant", ["default", "visible-stale-serial-rows1"])
