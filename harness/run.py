@@ -25,6 +25,7 @@ from harness import engine, preflight, provenance, results
 from harness.results import paired_difference
 from harness.api import (INTERVAL_COLUMNS, ConfigValueError, Decoder, Evaluator, InputError, ModelBundle,
                          SamplingParams, checked_number)
+from harness.binding import without_defaults
 from harness.datasets.prompts import select
 from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
@@ -179,7 +180,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         for name, dec_cfg in decoders.items():  # every set bound before anything is generated
             decoder: Decoder = _build(dec_cfg)
             sample_sets[name].bind(sample_binding(cfg, name, weights, device),
-                                   overwrite=bool(cfg.get("overwrite_samples", False)))
+                                   overwrite=bool(cfg.get("overwrite_samples", False)),
+                                   compared=without_defaults)  # options at their defaults left out
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
@@ -257,7 +259,8 @@ def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.de
     """What a decoder's SampleSet is bound to: the model (config and weights digest), the decoder
     configuration, sampling, seed, engine and device type. Timing-only keys (batch size, warm-up,
     threads) and where the weights are read from are left out, so a resumed or sharded run with
-    other timing settings shares the set."""
+    other timing settings shares the set. A stored set is resumed when the two bindings agree once
+    options at their defaults are left out (harness/binding.py: sets outlive new options)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     return {
@@ -286,7 +289,8 @@ def _warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, An
         return
     now = sample_binding(cfg, decoder, str(stored.get("weights", "")), torch.device(str(stored.get("device", "cpu"))))
     keys = ("decoder", "sampling", "seed", "model")
-    diffs = binding_differences({k: stored.get(k) for k in keys}, {k: now[k] for k in keys})
+    diffs = binding_differences(without_defaults({k: stored.get(k) for k in keys}),
+                                without_defaults({k: now[k] for k in keys}))
     if diffs:
         log.warning("[%s] the samples were made under another configuration than this job's (%s); "
                     "the rows describe the stored samples (their binding is in run.json)",

@@ -27,7 +27,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -188,25 +188,30 @@ class SampleSet:
                 f"{path} is unreadable or corrupt ({exc}); use a fresh output directory, or rerun "
                 "with overwrite_samples=true to delete this set's samples and start it again") from exc
 
-    def bind(self, binding: dict[str, Any], overwrite: bool = False) -> None:
+    def bind(self, binding: dict[str, Any], overwrite: bool = False,
+             compared: Callable[[Any], Any] | None = None) -> None:
         """Bind the set to `binding` (JSON-serialisable) before anything is generated into it.
 
-        A new set stores `binding`. A set bound to the same binding is resumed. A set bound to
-        another one, or holding samples without a binding, is refused with BindingMismatchError
-        naming the differing keys, unless `overwrite`: then its samples are deleted first. Shard
-        jobs of one sweep compute equal bindings, so they share one set.
+        A new set stores `binding`. A set bound to the same binding is resumed (its file is kept as
+        it is). A set bound to another one, or holding samples without a binding, is refused with
+        BindingMismatchError naming the differing keys, unless `overwrite`: then its samples are
+        deleted first. Shard jobs of one sweep compute equal bindings, so they share one set.
+        `compared` maps both bindings (their JSON forms) to what is compared and diffed (default:
+        themselves; harness/binding.without_defaults leaves out options at their defaults).
         """
         self.ensure_writable()
         wanted = json.loads(json.dumps(binding, sort_keys=True))  # the form it takes on disk
         stored = self.binding()
-        if stored == wanted:
+        view = compared or (lambda tree: tree)
+        if stored is not None and view(stored) == view(wanted):
             return
         has_samples = any(self.records_dir.glob("*.json"))
         if stored is not None or has_samples:
+            shown = None if stored is None else view(stored)
             if not overwrite:
-                raise BindingMismatchError(_binding_message(self.root, stored, wanted))
+                raise BindingMismatchError(_binding_message(self.root, shown, view(wanted)))
             log.warning("%s: overwrite_samples=true, deleting the samples made under another "
-                        "configuration (%s)", self, "; ".join(binding_differences(stored, wanted)[:5]))
+                        "configuration (%s)", self, "; ".join(binding_differences(shown, view(wanted))[:5]))
             self._delete_samples()
         write_atomic(self.root / BINDING_FILE, json.dumps(wanted, indent=1, sort_keys=True).encode())
 

@@ -3,6 +3,7 @@ planned samples, a failing evaluator leaves the other rows, and the bindings of 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -134,3 +135,39 @@ def test_shard_jobs_share_one_sample_set(tmp_path: Path) -> None:
     # a shard job under another sampling may not join the set
     with pytest.raises(BindingMismatchError, match="sampling.top_k"):
         run(_shard(samples, 0, "sampling.top_k=3"), tmp_path / "shard_bad")
+
+
+def test_options_at_their_defaults_leave_the_binding_unchanged() -> None:
+    from harness.binding import equivalent, without_defaults
+
+    rule = {"_target_": "baselines.pooled.PooledThresholdRule", "k": 16, "tau": 0.1, "below": 0,
+            "confident": None}
+    assert without_defaults(rule) == {"_target_": "baselines.pooled.PooledThresholdRule"}
+    assert without_defaults({**rule, "below": 2})["below"] == 2
+    assert without_defaults({**rule, "tau": 0.3})["tau"] == 0.3
+    unknown = {"_target_": "baselines.no_such_module.Rule", "below": 0}
+    assert without_defaults(unknown) == unknown  # no signature to read: every key counts
+    plain = {"below": 0}  # no _target_: not an option of a callable
+    assert without_defaults(plain) == plain
+    old = {"format": 1, "decoder": {"accept": {k: v for k, v in rule.items() if k != "below"}}}
+    assert equivalent(old, {"format": 1, "decoder": {"accept": rule}})
+    assert not equivalent(old, {"format": 1, "decoder": {"accept": {**rule, "below": 1}}})
+    assert not equivalent(None, old)
+
+
+def test_a_set_stored_before_an_option_existed_is_resumed(tmp_path: Path) -> None:
+    """A set whose binding lacks an option (made before it existed) is resumed by a run that binds
+    the option at its default, and refused by one that binds another value, naming the key."""
+    cfg = ["decoder=[mulo_sd]", "evaluator=[speed]", "stages=[generate]", "dataset_limit=2"]
+    run(_cfg(cfg), tmp_path / "run")
+    samples = SampleSet(tmp_path / "run" / "samples" / "mulo_sd")
+    binding = samples.binding()
+    assert binding is not None and binding["decoder"]["accept"]["below"] == 0
+    del binding["decoder"]["accept"]["below"]  # as stored before accept.below existed
+    (samples.root / "binding.json").write_text(json.dumps(binding))
+    made = {p.name: p.stat().st_mtime_ns for p in samples.images_dir.iterdir()}
+    run(_cfg(cfg), tmp_path / "run")
+    assert {p.name: p.stat().st_mtime_ns for p in samples.images_dir.iterdir()} == made  # nothing redrawn
+    assert "below" not in samples.binding()["decoder"]["accept"]  # the stored file is kept as it was
+    with pytest.raises(BindingMismatchError, match="decoder.accept.below"):
+        run(_cfg([*cfg, "decoder.mulo_sd.accept.below=1"]), tmp_path / "run")
