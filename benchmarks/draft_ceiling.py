@@ -38,11 +38,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from baselines.upsamplers import resize_images  # noqa: E402
 from benchmarks.common import compose_config, out_dir, quiet  # noqa: E402
+from evaluators.fid_reference import ground_truth  # noqa: E402
 from harness.api import ModelBundle, Prompt  # noqa: E402
 from harness.run import _build  # noqa: E402
 from harness.samples import SampleSet, SampleSpec  # noqa: E402
 from harness.shapes.bundle import load  # noqa: E402
-from harness.shapes.scenes import render, scene_for_caption  # noqa: E402
 
 log = logging.getLogger("benchmarks")
 ROWS = ("truth", "truth_tokenized", "truth_low", "truth_low_drafted")
@@ -53,7 +53,7 @@ BATCH = 64
 
 def scenes(records: pd.DataFrame, size: int) -> torch.Tensor:
     """records (meta, seed) -> uint8 [B, 3, size, size]: each prompt's scene, drawn at SEED_OFFSET."""
-    images = [render(scene_for_caption(json.loads(m), np.random.default_rng([int(s), SEED_OFFSET])), size)
+    images = [ground_truth(json.loads(m), int(s), SEED_OFFSET, size)
               for m, s in zip(records["meta"], records["seed"])]  # meta: the record's JSON string
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
 

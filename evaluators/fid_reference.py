@@ -13,7 +13,7 @@ import logging
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
@@ -97,11 +97,17 @@ def zip_set(name: str, archive: Path) -> ReferenceSet:
     return ReferenceSet(name, _digest(listing), len(members), load)
 
 
+def ground_truth(meta: dict[str, Any], seed: int, seed_offset: int, size: int) -> np.ndarray:
+    """The ground-truth scene of a shapes sample (its record's meta and image seed) as uint8
+    [size, size, 3]: scene_for_caption drawn with the generator seeded by (seed, seed_offset)."""
+    from harness.shapes.scenes import render, scene_for_caption
+
+    return render(scene_for_caption(meta, np.random.default_rng([seed, seed_offset])), size)
+
+
 def shapes_set(samples: SampleSet, seed_offset: int = 1) -> ReferenceSet:
     """Ground-truth renders of each sample's prompt (scene_for_caption, seeded by (seed, seed_offset)),
     at the size of the SampleSet's first image."""
-    from harness.shapes.scenes import render, scene_for_caption
-
     records = samples.records()
     if records.empty:
         raise ValueError(f"{samples} has no complete samples to build a shapes reference for")
@@ -115,8 +121,7 @@ def shapes_set(samples: SampleSet, seed_offset: int = 1) -> ReferenceSet:
     listing = json.dumps({"size": size, "offset": seed_offset, "scenes": list(zip(metas, seeds))}, sort_keys=True)
 
     def load(i: int) -> np.ndarray:
-        rng = np.random.default_rng([seeds[i], seed_offset])
-        return render(scene_for_caption(metas[i], rng), size)
+        return ground_truth(metas[i], seeds[i], seed_offset, size)
 
     return ReferenceSet(f"shapes_gt{size}", _digest(listing), len(records), load)
 
