@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
-from tqdm.auto import tqdm
 
 from harness import engine
 from harness.api import ConfigValueError, Decoder, ModelBundle
 from harness.preflight import budget
+from harness.progress import progress
 from harness.samples import SampleSet, SampleSpec
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
     run_token = uuid.uuid4().hex[:8]  # batch ids stay distinct across resumed runs
     open_batches: dict[tuple[str, int], _Batch] = {}
-    for name, b, r in tqdm(steps, desc="timed decodes", unit="decode", disable=None):
+    for name, b, r in progress(steps, desc="timed decodes", unit="decodes"):
         job, batch = by_name[name], timed[name][b]
         state = open_batches.setdefault((name, b), _Batch(decode=[], condition=[], image=[]))
         if device.type == "cuda":
@@ -267,7 +267,7 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
                     "warm-up did not meet them); those decodes include compile time: raise warmup_batches",
                     engine.compiled_shapes() - shapes_before)
     for job in jobs:
-        for u, batch in enumerate(tqdm(untimed[job.name], desc=f"untimed {job.name}", unit="batch", disable=None)):
+        for u, batch in enumerate(progress(untimed[job.name], desc=f"untimed {job.name}", unit="batches")):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             cond = job.models.condition([s.prompt.text for s in batch])
