@@ -36,12 +36,12 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from evaluators.dpg_vqa import VQABackend
 from harness.api import EvalResult, metric_rows
 from harness.datasets.official import DPG_QUESTIONS
 from harness.datasets.downloads import resolve
+from harness.progress import progress
 from harness.samples import SampleSet, write_atomic
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class DPGBenchEvaluator:
         questions: local dpg_bench.csv (None: download the pinned file, hash-checked).
         official_compat: reproduce the reference script's quirks (see module doc).
         write_grids: also write `<SampleSet root>/dpg_grids/<item_id>.png` for the official script.
-        show_progress: tqdm progress bar.
+        show_progress: progress (a bar on a terminal, a log line a minute otherwise; harness/progress.py).
         verify_questions: check the local dpg_bench.csv against its pinned hash (off: custom graphs,
             recorded in `version`).
     """
@@ -276,8 +276,8 @@ class DPGBenchEvaluator:
                                self.official_compat)
         groups = self._groups(samples, graph)
         rows, cat_rows = [], []
-        for prompt_id, (item, sample_ids) in tqdm(groups.items(), desc=self.name, unit="prompt",
-                                                  disable=None if self.show_progress else True):
+        for prompt_id, (item, sample_ids) in (progress(groups.items(), self.name, "prompts")
+                                              if self.show_progress else groups.items()):
             grid = make_grid([samples.load_image(s) for s in sample_ids])
             if self.write_grids:
                 self._write_grid(samples.root, item, grid)

@@ -29,12 +29,12 @@ import numpy as np
 import pandas as pd
 import torch
 from PIL import Image
-from tqdm import tqdm
 
 from evaluators.fid_features import FEATURE, build_extractor, choose_weights
 from evaluators.fid_reference import ReferenceSet, reference_set
 from harness.api import EvalResult, metric_rows
 from harness.datasets.downloads import cache_root
+from harness.progress import Meter
 from harness.samples import SampleSet
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class FIDEvaluator:
         """Features [count, 2048] float32 of images load(0..count-1), batched."""
         extractor = self._get_extractor()
         out = []
-        with tqdm(total=count, desc=desc, unit="img", disable=None if self.show_progress else True) as bar:
+        with Meter(count, desc, "images", enabled=self.show_progress) as bar:
             for start in range(0, count, self.batch_size):
                 stop = min(start + self.batch_size, count)
                 batch = np.stack([center_crop_resize(load(i), self.resolution) for i in range(start, stop)])

@@ -26,10 +26,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from evaluators.geneval_rules import GENEVAL_COLORS, Detection, GenEvalRules, summarize
 from harness.api import EvalResult
+from harness.progress import Meter
 from harness.samples import SampleSet, write_atomic
 from harness.shapes.detector import ShapesDetector
 from harness.shapes.scenes import SHAPES
@@ -120,7 +120,7 @@ class GenEvalEvaluator:
         color_classifier: names object colours when the detector does not (None: the detector must).
         write_results_jsonl: also write `<SampleSet root>/results.jsonl` in the official format.
         batch_size: images per `detector.detect` call.
-        show_progress: tqdm progress bar (shown only on a terminal).
+        show_progress: progress (a bar on a terminal, a log line a minute otherwise; harness/progress.py).
     """
 
     def __init__(
@@ -173,8 +173,7 @@ class GenEvalEvaluator:
         self._check_classes(metas)
         verdicts: list[ImageVerdict] = []
         ids = records["sample_id"].tolist()
-        disable = None if self.show_progress else True
-        with tqdm(total=len(ids), desc=self.name, unit="img", disable=disable) as bar:
+        with Meter(len(ids), self.name, "images", enabled=self.show_progress) as bar:
             for start in range(0, len(ids), self.batch_size):
                 stop = start + self.batch_size
                 verdicts += self._judge_batch(samples, ids[start:stop], metas[start:stop])

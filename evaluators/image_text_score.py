@@ -10,9 +10,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from harness.api import metric_rows
+from harness.progress import Meter
 from harness.samples import SampleSet
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def score_samples(samples: SampleSet, model: torch.nn.Module, tokenizer: Callabl
         raise ValueError(f"{samples} has no complete samples; run the generate stage first")
     ids, prompts = records["sample_id"].tolist(), records["prompt"].tolist()
     scores: list[float] = []
-    with tqdm(total=len(ids), desc=desc, unit="img", disable=None if show_progress else True) as bar:
+    with Meter(len(ids), desc, "images", enabled=show_progress) as bar:
         for start in range(0, len(ids), batch_size):
             stop = min(start + batch_size, len(ids))
             batch = torch.stack([preprocess(samples.load_image(i)) for i in ids[start:stop]])

@@ -21,25 +21,49 @@ T = TypeVar("T")
 INTERVAL_S = 60.0
 
 
+class Meter:
+    """Progress of `total` units (None: unknown), advanced with `update(n)`: a tqdm bar when stderr
+    is a terminal (or `interactive`), else a log line every `interval` seconds and one when the
+    count reaches the total (module docstring). `enabled=False` shows nothing. A context manager
+    (the bar is closed on exit)."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, interval: float = INTERVAL_S,
+                 interactive: bool | None = None, enabled: bool = True) -> None:
+        self.total, self.desc, self.unit, self.interval, self.enabled = total, desc, unit, interval, enabled
+        self.bar = None
+        if enabled and (sys.stderr.isatty() if interactive is None else interactive):
+            self.bar = tqdm(total=total, desc=desc, unit=unit)
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last >= self.interval or self.done == self.total:
+            log.info("%s", line(self.desc, self.unit, self.done, self.total, now - self.start))
+            self.last = now
+
+    def __enter__(self) -> "Meter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def progress(items: Iterable[T], desc: str, unit: str, interval: float = INTERVAL_S,
              interactive: bool | None = None) -> Iterator[T]:
-    """Yield `items`, showing progress: a tqdm bar when stderr is a terminal (or `interactive`),
-    else a log line every `interval` seconds and one when the loop ends (module docstring)."""
-    if interactive is None:
-        interactive = sys.stderr.isatty()
-    if interactive:
-        yield from tqdm(items, desc=desc, unit=unit)
-        return
+    """Yield `items`, showing their progress with a Meter (one unit per item)."""
     total = len(items) if isinstance(items, Sized) else None
-    start = last = time.monotonic()
-    done = 0
-    for item in items:
-        yield item
-        done += 1
-        now = time.monotonic()
-        if now - last >= interval or done == total:
-            log.info("%s", line(desc, unit, done, total, now - start))
-            last = now
+    with Meter(total, desc, unit, interval, interactive) as meter:
+        for item in items:
+            yield item
+            meter.update()
 
 
 def line(desc: str, unit: str, done: int, total: int | None, elapsed_s: float) -> str:
