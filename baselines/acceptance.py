@@ -44,6 +44,12 @@ class Verdict:
 
 
 class AcceptanceRule(Protocol):
+    """What SpeculativeDecoder asks of a rule. A rule that reads the block's layout (e.g. which
+    draft lies one row below another) may also define `check_layout(draft, scope)`: the decoder
+    calls it once per generate with the bound DraftSource and RejectionScope, and it raises
+    ValueError naming the keys when the rule cannot read their blocks (PooledThresholdRule's
+    `below`)."""
+
     name: str
 
     def decide(self, p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor, ctx: Context) -> Verdict:

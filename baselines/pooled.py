@@ -34,6 +34,9 @@ from torch import Tensor
 
 from baselines.acceptance import Verdict
 from baselines.canvas import Context
+from baselines.drafts import DraftSource
+from baselines.local import LocalScope
+from baselines.scope import RejectionScope
 
 
 def pooled_mass(p: Tensor, drafts: Tensor, neighbours: Tensor | None) -> Tensor:
@@ -136,6 +139,16 @@ class PooledThresholdRule:
         self.anchor = int(anchor)
         self.confident = None if confident is None else float(confident)
 
+    def check_layout(self, draft: DraftSource, scope: RejectionScope) -> None:
+        """`below` reads the block as the whole image in raster order after its first token: the
+        lowres whole-image draft, verified once by the local scope; otherwise a ValueError."""
+        if self.below and not (draft.whole_image and isinstance(scope, LocalScope) and scope.rounds == 1):
+            raise ValueError(f"decoder accept.below = {self.below} reads the draft one row below each cell, "
+                             f"which needs the block to be the whole image in raster order: the lowres "
+                             f"draft with draft.rows=null, scope.kind=local and scope.rounds=1 (got draft "
+                             f"{draft.name!r} with {draft.length} drafts per verification, scope "
+                             f"{scope.name!r}), or set accept.below=0")
+
     def decide(self, p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor, ctx: Context) -> Verdict:
         """p [B, L, V]; q and u are ignored (the rule is a deterministic threshold)."""
         table = ctx.neighbours(self.k - 1) if self.k > 1 else None
@@ -144,7 +157,7 @@ class PooledThresholdRule:
             accept &= ~confident_elsewhere(p, drafts, table, self.confident)
         if self.below:
             # the block is positions 1 .. N of the image (the whole-image draft after the prefill's
-            # token, one verification; SpeculativeDecoder checks this): N - 1 entries inside
+            # token, one verification; check_layout holds the decoder to it): N - 1 entries inside
             accept = continued_below(accept, drafts, table, ctx.grid[1], self.below, ctx.n_tokens - 1)
         if self.anchor:
             return Verdict(accept=accept, residual=anchored(p, drafts, anchor_table(ctx, self.anchor)))

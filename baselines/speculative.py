@@ -30,7 +30,6 @@ from torch import Tensor
 from baselines.acceptance import AcceptanceRule
 from baselines.canvas import Canvas, Context, span
 from baselines.drafts import Draft, DraftRun, DraftSource, Outcome
-from baselines.local import LocalScope
 from baselines.recorder import StatsRecorder
 from baselines.scope import RasterScope, RejectionScope, Resampler, Resolution
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
@@ -102,13 +101,9 @@ class SpeculativeDecoder:
                              f"redrawing, which needs one whole-image draft: use the lowres draft with "
                              f"draft.rows=null (got draft {draft.name!r} with {draft.length} drafts per "
                              f"verification), or set scope.rounds=1")
-        below = getattr(self.accept, "below", 0)
-        if below and not (draft.whole_image and isinstance(scope, LocalScope) and scope.rounds == 1):
-            raise ValueError(f"decoder accept.below = {below} reads the draft one row below each cell, which "
-                             f"needs the block to be the whole image in raster order: the lowres draft with "
-                             f"draft.rows=null, scope.kind=local and scope.rounds=1 (got draft "
-                             f"{draft.name!r} with {draft.length} drafts per verification, scope "
-                             f"{scope.name!r}), or set accept.below=0")
+        check_layout = getattr(self.accept, "check_layout", None)  # optional (AcceptanceRule)
+        if check_layout is not None:
+            check_layout(draft, scope)
         return draft, scope
 
     def _step(self, ctx: Context, canvas: Canvas, active: Tensor, run: DraftRun, rec: StatsRecorder,
