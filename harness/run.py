@@ -289,8 +289,7 @@ def _warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, An
         return
     now = sample_binding(cfg, decoder, str(stored.get("weights", "")), torch.device(str(stored.get("device", "cpu"))))
     keys = ("decoder", "sampling", "seed", "model")
-    diffs = binding_differences(without_defaults({k: stored.get(k) for k in keys}),
-                                without_defaults({k: now[k] for k in keys}))
+    diffs = binding_differences({k: stored.get(k) for k in keys}, {k: now[k] for k in keys}, without_defaults)
     if diffs:
         log.warning("[%s] the samples were made under another configuration than this job's (%s); "
                     "the rows describe the stored samples (their binding is in run.json)",

@@ -207,11 +207,10 @@ class SampleSet:
             return
         has_samples = any(self.records_dir.glob("*.json"))
         if stored is not None or has_samples:
-            shown = None if stored is None else view(stored)
             if not overwrite:
-                raise BindingMismatchError(_binding_message(self.root, shown, view(wanted)))
+                raise BindingMismatchError(_binding_message(self.root, stored, wanted, view))
             log.warning("%s: overwrite_samples=true, deleting the samples made under another "
-                        "configuration (%s)", self, "; ".join(binding_differences(shown, view(wanted))[:5]))
+                        "configuration (%s)", self, "; ".join(binding_differences(stored, wanted, view)[:5]))
             self._delete_samples()
         write_atomic(self.root / BINDING_FILE, json.dumps(wanted, indent=1, sort_keys=True).encode())
 
@@ -521,11 +520,18 @@ def _stats_frame(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["sample_id"])
 
 
-def binding_differences(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
-    """'key: stored X, now Y' for every dotted leaf key whose value differs."""
+def binding_differences(stored: dict[str, Any] | None, wanted: dict[str, Any],
+                        compared: Callable[[Any], Any] | None = None) -> list[str]:
+    """'key: stored X, now Y' for every dotted leaf key whose value differs (in the views `compared`
+    makes of both, when given; the values shown are the bindings' own)."""
     old, new = _leaves(stored or {}), _leaves(wanted)
+    if compared is None:
+        view_old, view_new = old, new
+    else:
+        view_old, view_new = _leaves(compared(stored or {})), _leaves(compared(wanted))
     return [f"{key}: stored {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
-            for key in sorted(old.keys() | new.keys()) if old.get(key, _ABSENT) != new.get(key, _ABSENT)]
+            for key in sorted(view_old.keys() | view_new.keys())
+            if view_old.get(key, _ABSENT) != view_new.get(key, _ABSENT)]
 
 
 _ABSENT = object()
@@ -541,12 +547,13 @@ def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _binding_message(root: Path, stored: dict[str, Any] | None, wanted: dict[str, Any]) -> str:
+def _binding_message(root: Path, stored: dict[str, Any] | None, wanted: dict[str, Any],
+                     compared: Callable[[Any], Any] | None = None) -> str:
     """The refusal of a generate stage into a set made under another configuration."""
     if stored is None:
         what = f"holds samples but no {BINDING_FILE}, so what made them is unknown"
     else:
-        diffs = binding_differences(stored, wanted)
+        diffs = binding_differences(stored, wanted, compared)
         shown = "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
         what = f"was generated under another configuration ({shown})"
     return (f"sample set {root} {what}. Its images would be reused as if this run had made them. "
