@@ -26,14 +26,6 @@ from hydra.utils import get_object
 TARGET = "_target_"
 
 
-def equivalent(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
-    """Whether a set bound to `stored` may be resumed by a run that binds `wanted`: equal JSON
-    forms once every defaulted leaf is left out of both (module docstring)."""
-    if stored is None:
-        return False
-    return without_defaults(_json(stored)) == without_defaults(_json(wanted))
-
-
 def without_defaults(tree: Any) -> Any:
     """`tree` (a binding or any part of it) with every key of a `_target_` node removed whose value
     equals that parameter's default in the target's signature, at any depth."""
