@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # EAGLE-2 and LANTERN on the x2 shapes world at the quality N, on a GPU (a few minutes on an
-# H100/H200-class GPU; about 1.7 CPU-hours per tree row on 2 cores), no downloads:
+# H100/H200-class GPU; 1.4 to 1.7 CPU-hours per tree row on 2 cores), no downloads:
 #
 #     bash benchmarks/gpu_trees.sh             # OUT=results/gpu_trees/<time>
 #

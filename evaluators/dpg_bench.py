@@ -276,8 +276,8 @@ class DPGBenchEvaluator:
                                self.official_compat)
         groups = self._groups(samples, graph)
         rows, cat_rows = [], []
-        for prompt_id, (item, sample_ids) in (progress(groups.items(), self.name, "prompts")
-                                              if self.show_progress else groups.items()):
+        for prompt_id, (item, sample_ids) in progress(groups.items(), self.name, "prompts",
+                                                      enabled=self.show_progress):
             grid = make_grid([samples.load_image(s) for s in sample_ids])
             if self.write_grids:
                 self._write_grid(samples.root, item, grid)

@@ -39,26 +39,22 @@ def without_defaults(tree: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _defaults(target: str) -> tuple[tuple[str, Any], ...]:
+def signature_defaults(target: str) -> dict[str, Any]:
+    """{parameter: default in JSON form} of the callable `target` names (dotted path); {} when it
+    cannot be imported or introspected. Cached: read it, never write it."""
     try:
         params = inspect.signature(get_object(target)).parameters.values()
     except (ImportError, AttributeError, ValueError, TypeError):  # unknown or not introspectable
-        return ()
-    found = []
+        return {}
+    found = {}
     for param in params:
         if param.default is inspect.Parameter.empty:
             continue
         try:
-            found.append((param.name, _json(param.default)))
+            found[param.name] = _json(param.default)
         except TypeError:  # a default with no JSON form never matches a bound value
             continue
-    return tuple(found)
-
-
-def signature_defaults(target: str) -> dict[str, Any]:
-    """{parameter: default in JSON form} of the callable `target` names (dotted path); {} when it
-    cannot be imported or introspected."""
-    return dict(_defaults(target))
+    return found
 
 
 def _json(value: Any) -> Any:

@@ -57,10 +57,10 @@ class Meter:
 
 
 def progress(items: Iterable[T], desc: str, unit: str, interval: float = INTERVAL_S,
-             interactive: bool | None = None) -> Iterator[T]:
-    """Yield `items`, showing their progress with a Meter (one unit per item)."""
+             interactive: bool | None = None, enabled: bool = True) -> Iterator[T]:
+    """Yield `items`, showing their progress with a Meter (one unit per item; none if not enabled)."""
     total = len(items) if isinstance(items, Sized) else None
-    with Meter(total, desc, unit, interval, interactive) as meter:
+    with Meter(total, desc, unit, interval, interactive, enabled) as meter:
         for item in items:
             yield item
             meter.update()

@@ -31,5 +31,6 @@ def test_no_line_for_an_empty_loop_and_counts_without_a_total(caplog: pytest.Log
     with caplog.at_level(logging.INFO, logger="harness.progress"):
         assert list(progress([], "untimed raster", "batches", interactive=False)) == []
         assert list(progress(iter([1, 2]), "decodes", "decodes", interval=0.0, interactive=False)) == [1, 2]
+        assert list(progress([3], "off", "items", interval=0.0, interactive=False, enabled=False)) == [3]
     counts = [r.getMessage().split(",")[0] for r in caplog.records]
     assert counts == ["decodes: 1 decodes", "decodes: 2 decodes"]
