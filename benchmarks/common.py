@@ -47,7 +47,7 @@ METRICS = (TARGET_FORWARDS, DRAFTER_FORWARDS, VERIFY, RESAMPLE, STEP_COMPRESSION
 def quiet() -> None:
     """INFO logging for the benchmark and the pipeline's progress, not the evaluators' chatter."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("evaluators", "harness.samples", "harness.provenance", "baselines.upsamplers"):
+    for noisy in ("evaluators", "harness.store.samples", "harness.store.provenance", "baselines.methods.upsamplers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     logging.getLogger("harness.run").setLevel(logging.WARNING)  # its warnings (timing noise), not its table
 

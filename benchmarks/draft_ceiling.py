@@ -36,12 +36,12 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from baselines.upsamplers import resize_images  # noqa: E402
+from baselines.methods.upsamplers import resize_images  # noqa: E402
 from benchmarks.common import compose_config, out_dir, quiet  # noqa: E402
 from evaluators.fid_reference import ground_truth  # noqa: E402
 from harness.api import ModelBundle, Prompt  # noqa: E402
 from harness.run import _build  # noqa: E402
-from harness.samples import SampleSet, SampleSpec  # noqa: E402
+from harness.store.samples import SampleSet, SampleSpec  # noqa: E402
 from harness.shapes.bundle import load  # noqa: E402
 
 log = logging.getLogger("benchmarks")

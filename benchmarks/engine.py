@@ -6,7 +6,7 @@ Three tables, all measured in this one run:
 
 1. Per decoder, on the shapes world at batch 1: aten operators dispatched per target forward
    outside the models (the decode loop's own tensor work: sampling, acceptance, bookkeeping), and
-   inside them; host reads per decode step on the accelerator path (`harness/hostsync.py` told that
+   inside them; host reads per decode step on the accelerator path (`harness/runtime/hostsync.py` told that
    reads are not free, values read with bool/int/item/tolist/torch.equal counted: each is a host
    synchronisation on a GPU; the loop's one bounded "any row left" check included, the statistics
    read once at the end of a decode not); on CUDA also
@@ -14,7 +14,7 @@ Three tables, all measured in this one run:
    a GPU wants few of the first and at most one or two of the others per step.
 2. Raster per-step latency of one architecture at batch 1 with CFG, against the memory floor
    (bytes a step must read, weights and KV cache, over the device bandwidth measured here with a
-   large copy), eager and with the harness's `engine=compiled` (harness/engine.py: torch.compile,
+   large copy), eager and with the harness's `engine=compiled` (harness/runtime/engine.py: torch.compile,
    CUDA graphs on CUDA). On CUDA: the full-size LlamaGen-XL 512, Tar-1.5B 512 and Tar-7B 1024
    AR-DTok architectures (conf/model, random weights, bf16). On a CPU: the tiny stand-ins at fp32
    (a small scale).
@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from baselines.recorder import StatsRecorder  # noqa: E402
+from baselines.framework.recorder import StatsRecorder  # noqa: E402
 from benchmarks.common import compose_config  # noqa: E402
-from harness import engine, hostsync  # noqa: E402
-from harness.results import _markdown  # noqa: E402
+from harness.runtime import engine, hostsync  # noqa: E402
+from harness.store.summary import _markdown  # noqa: E402
 from harness.run import _build, guided  # noqa: E402
 
 log = logging.getLogger("benchmarks.engine")

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from baselines.canvas import Context
+from baselines.framework.canvas import Context
 from benchmarks.common import variant
 from harness.api import Condition, Generation, ModelBundle
 from harness.models.replay import ReplayModel

@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import compose_config, header, out_dir, quiet, run_job, value  # noqa: E402
 from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams  # noqa: E402
-from harness.sampling import sample  # noqa: E402
-from harness.randomness import ImageStreams  # noqa: E402
+from harness.runtime.sampling import sample  # noqa: E402
+from harness.runtime.randomness import ImageStreams  # noqa: E402
 
 
 class BareLoop:

@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.api import int_list  # noqa: E402
-from harness.results import _markdown  # noqa: E402
-from harness.samples import SampleSet  # noqa: E402
+from harness.store.summary import _markdown  # noqa: E402
+from harness.store.samples import SampleSet  # noqa: E402
 
 log = logging.getLogger("benchmarks.rejection_sites")
 OBJECT_DISTANCE = 60  # RGB L1 distance from the background colour of an object pixel

@@ -11,17 +11,17 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from baselines.canvas import Context
-from baselines.neighbours import neighbour_table
-from baselines.pooled import pooled_mass
-from baselines.raster import RasterDecoder
-from baselines.upsamplers import build_upsampler, resize_images, shipped_weights
+from baselines.framework.canvas import Context
+from baselines.framework.neighbours import neighbour_table
+from baselines.methods.pooled import pooled_mass
+from baselines.methods.raster import RasterDecoder
+from baselines.methods.upsamplers import build_upsampler, resize_images, shipped_weights
 from benchmarks.common import compose_config
 from evaluators.geneval_rules import tag_accuracies
 from harness.api import ModelBundle, Prompt, SamplingParams
 from harness.run import _build, guided
-from harness.sampling import probs
-from harness.seeding import image_seed
+from harness.runtime.sampling import probs
+from harness.runtime.seeding import image_seed
 
 UPSAMPLERS = {  # label -> build_upsampler keys
     "pixel bicubic": {"kind": "pixel", "mode": "bicubic"},
@@ -75,7 +75,7 @@ def agreement(bundle: ModelBundle, prompts: Sequence[Prompt], draft_images: np.n
 @torch.inference_mode()
 def guided_probs(bundle: ModelBundle, prompts: Sequence[Prompt], tokens: torch.Tensor, cfg: float) -> torch.Tensor:
     """Teacher-forced target distributions as MuLo-SD's verification sees them (the CFG-wrapped
-    target, harness.sampling.probs at temperature 1): tokens [N, L] -> p [N, L, V], where p[:, i]
+    target, harness.runtime.sampling.probs at temperature 1): tokens [N, L] -> p [N, L, V], where p[:, i]
     is the distribution of token i given tokens[:, :i]."""
     params = SamplingParams(cfg_scale=cfg)
     models = guided(bundle, params)

@@ -9,11 +9,11 @@
 3. drafter-target agreement: the drafter's samples up-sampled to the target grid (decode ->
    nearest resize -> encode), teacher-forced through the target: mean target probability of the
    up-sampled draft tokens and the share where the draft token is the target's argmax;
-4. per MuLo-SD up-sampler (baselines/upsamplers.py: pixel bicubic / nearest, token replication,
+4. per MuLo-SD up-sampler (baselines/methods/upsamplers.py: pixel bicubic / nearest, token replication,
    the learned ones shipped for the target's grid): shapes-GenEval of the drafter's samples
    up-sampled (what tau = 0 keeps), and the share of their tokens that the pooled-threshold rule
    would reject, teacher-forced through the CFG-guided target, at k in POOL_K and tau in POOL_TAU
-   (baselines/pooled.py). The drafter's samples are drawn serially (raster order).
+   (baselines/methods/pooled.py). The drafter's samples are drawn serially (raster order).
 Every image is judged by the geneval_shapes evaluator of conf/evaluator/ (items 1, 3 and 4 through
 its `judge_images`); nothing is timed.
 

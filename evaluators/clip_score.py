@@ -18,7 +18,7 @@ from PIL import Image
 from evaluators.clip_models import create_open_clip, resolve_device
 from evaluators.image_text_score import mean_rows, score_samples
 from harness.api import EvalResult
-from harness.samples import SampleSet
+from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from harness.api import EvalResult, metric_rows
 from harness.datasets.official import DPG_QUESTIONS
 from harness.datasets.downloads import resolve
 from harness.progress import progress
-from harness.samples import SampleSet, write_atomic
+from harness.store.samples import SampleSet, write_atomic
 
 log = logging.getLogger(__name__)
 

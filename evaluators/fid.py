@@ -35,7 +35,7 @@ from evaluators.fid_reference import ReferenceSet, reference_set
 from harness.api import EvalResult, metric_rows
 from harness.datasets.downloads import cache_root
 from harness.progress import Meter
-from harness.samples import SampleSet
+from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from harness.datasets.downloads import Pinned, fetch
-from harness.samples import SampleSet
+from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
 

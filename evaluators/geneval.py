@@ -30,7 +30,7 @@ import pandas as pd
 from evaluators.geneval_rules import GENEVAL_COLORS, Detection, GenEvalRules, summarize
 from harness.api import EvalResult
 from harness.progress import Meter
-from harness.samples import SampleSet, write_atomic
+from harness.store.samples import SampleSet, write_atomic
 from harness.shapes.detector import ShapesDetector
 from harness.shapes.scenes import SHAPES
 

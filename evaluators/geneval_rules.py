@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.api import Box, Detection, metric_rows
-from harness.results import paired_difference  # noqa: F401  (GenEval's paired gap; re-exported)
+from harness.store.summary import paired_difference  # noqa: F401  (GenEval's paired gap; re-exported)
 
 log = logging.getLogger(__name__)
 

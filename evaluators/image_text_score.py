@@ -13,7 +13,7 @@ import torch
 
 from harness.api import metric_rows
 from harness.progress import Meter
-from harness.samples import SampleSet
+from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ VERSION = "1"
 REQUIRED_COLUMNS = ("batch_id", "batch_latency_s", "target_forwards", "tokens")
 BYTES_PER_MB = 1e6
 NOISE_QUANTILE = 0.9  # timing_noise: this quantile of the per-batch noise over a decoder's timed batches
-# MuLo-SD's per-image extras (baselines/speculative.py, DecodeStats.extra): mean rows when present
+# MuLo-SD's per-image extras (baselines/framework/speculative.py, DecodeStats.extra): mean rows when present
 EXTRA_MEANS = ("verify_forwards", "resample_forwards")
 
 
@@ -62,7 +62,7 @@ class SpeedEvaluator:
         self.version = version
 
     def evaluate(self, samples: _HasStats) -> EvalResult:
-        """Score `samples` (a harness.samples.SampleSet) from its stats table."""
+        """Score `samples` (a harness.store.samples.SampleSet) from its stats table."""
         return speed_result(samples.stats())
 
 

@@ -269,7 +269,7 @@ class Evaluator(Protocol):
     name: str
     version: str
 
-    def evaluate(self, samples: Any) -> EvalResult:  # samples: harness.samples.SampleSet
+    def evaluate(self, samples: Any) -> EvalResult:  # samples: harness.store.samples.SampleSet
         ...
 
 

@@ -42,11 +42,11 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from harness import engine
+from harness.runtime import engine
 from harness.api import ConfigValueError, Decoder, ModelBundle
 from harness.preflight import budget
 from harness.progress import progress
-from harness.samples import SampleSet, SampleSpec
+from harness.store.samples import SampleSet, SampleSpec
 
 log = logging.getLogger(__name__)
 

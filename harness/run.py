@@ -3,44 +3,35 @@ SampleSet -> evaluators -> summary.csv + run.json + a printed table.
 
 Every decoder of the job is built and its SampleSet bound before the generate stage, which times
 them all together (interleaved, repeated: harness.generate.generate_all). After the evaluators, the
-job adds the rows that compare decoders with raster: `speedup_vs_raster` with a bootstrap
-confidence interval (`stderr`, `ci_low`, `ci_high`; `speedup_interval`) and `geneval_gap_vs_raster`
-with its paired standard error, and warns about decoders whose `timing_noise` exceeds
-`timing.noise_threshold`."""
+job adds the rows that compare decoders with raster (harness/comparisons.py) and warns about
+decoders whose `timing_noise` exceeds `timing.noise_threshold`."""
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from harness import engine, preflight, provenance, results
-from harness.results import paired_difference
-from harness.api import (INTERVAL_COLUMNS, ConfigValueError, Decoder, Evaluator, InputError, ModelBundle,
-                         SamplingParams, checked_number)
-from harness.binding import without_defaults
+from harness import moved, preflight
+from harness.api import ConfigValueError, Decoder, Evaluator, InputError, ModelBundle, SamplingParams, checked_number
+from harness.comparisons import warn_noisy_timing, with_comparisons
 from harness.datasets.prompts import select
 from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
-from harness.samples import NotWritableError, SampleSet, binding_differences, plan, write_atomic
+from harness.runtime import engine
+from harness.store import provenance, summary
+from harness.store.binding import compared, sample_binding, trust_targets_of, warn_if_bound_elsewhere
+from harness.store.samples import NotWritableError, SampleSet, plan, write_atomic
 
 log = logging.getLogger(__name__)
 
 RUN_KEYS = ("experiment", "model", "decoder", "dataset")
 STAGES = ("fetch", "generate", "evaluate")
-BINDING_FORMAT = 1
-BOOTSTRAP_DRAWS = 2000  # resamples of the speed-up's confidence interval
-CI_LEVEL = 0.95
-# Model config keys that say where or how weights are loaded, not which weights: left out of a
-# SampleSet's binding (the weights themselves are bound by their digest).
-_LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
 
 
 class EvaluationFailedError(RuntimeError):
@@ -136,6 +127,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     Raises:
         EvaluationFailedError: an evaluator failed; the other evaluators' rows were written.
     """
+    moved.updated(cfg)  # old `_target_` paths of a user's config, with a warning
+    trust_targets_of(cfg)
     check_config(cfg)
     _writable(out_dir, "results directory (hydra.run.dir)")
     if cfg.threads:
@@ -181,7 +174,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             decoder: Decoder = _build(dec_cfg)
             sample_sets[name].bind(sample_binding(cfg, name, weights, device),
                                    overwrite=bool(cfg.get("overwrite_samples", False)),
-                                   compared=without_defaults)  # options at their defaults left out
+                                   compared=compared)  # old paths current, options at their defaults left out
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
@@ -193,25 +186,25 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     for name, sample_set in sample_sets.items():
         bound[name] = sample_set.binding()
         if "evaluate" in cfg.stages:
-            _warn_if_bound_elsewhere(cfg, name, bound[name])
+            warn_if_bound_elsewhere(cfg, name, bound[name])
             sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
             frames += _evaluate(cfg, name, sample_set.view(full_plan), evaluators, out_dir, verdicts,
                                 failures)
             _write_summary(out_dir, frames, verdicts)
-    summary = _write_summary(out_dir, frames, verdicts)
-    extra.update(sample_sets=bound, summary_rows=len(summary))
+    table = _write_summary(out_dir, frames, verdicts)
+    extra.update(sample_sets=bound, summary_rows=len(table))
     provenance.write_run_json(out_dir / "run.json", OmegaConf.to_container(cfg, resolve=True), extra)
-    if not summary.empty:
-        log.info("results (the full table: %s)\n%s", out_dir / results.SUMMARY_NAME, results.headline(summary))
+    if not table.empty:
+        log.info("results (the full table: %s)\n%s", out_dir / summary.SUMMARY_NAME, summary.headline(table))
         _report(cfg, out_dir)
-    warn_noisy_timing(summary, timing.noise_threshold)
+    warn_noisy_timing(table, timing.noise_threshold)
     if failures:
         raise EvaluationFailedError(
             f"{len(failures)} evaluation(s) failed: {'; '.join(failures)}. The other rows are in "
-            f"{out_dir / results.SUMMARY_NAME}; fix the cause and rerun with stages=[evaluate] "
+            f"{out_dir / summary.SUMMARY_NAME}; fix the cause and rerun with stages=[evaluate] "
             f"samples_dir={samples_root} to score again")
-    return summary
+    return table
 
 
 def _report(cfg: DictConfig, out_dir: Path) -> None:
@@ -235,16 +228,9 @@ def _write_summary(out_dir: Path, frames: list[pd.DataFrame],
     interrupted or failing job keeps what it scored)."""
     if not frames:
         return pd.DataFrame()
-    summary = with_comparisons(pd.concat(frames, ignore_index=True), verdicts)
-    results.write_summary(out_dir / results.SUMMARY_NAME, summary)
-    return summary
-
-
-def with_comparisons(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
-    """`summary` (the evaluators' rows of a job, with run columns) plus the rows that compare each
-    decoder with raster: speedup_vs_raster (with its interval) and geneval_gap_vs_raster.
-    `verdicts`: per-image tables by (decoder, evaluator name)."""
-    return _with_geneval_gap(_with_speedup(summary, verdicts), verdicts)
+    table = with_comparisons(pd.concat(frames, ignore_index=True), verdicts)
+    summary.write_summary(out_dir / summary.SUMMARY_NAME, table)
+    return table
 
 
 def _weights_id(bundle: ModelBundle) -> str:
@@ -253,47 +239,6 @@ def _weights_id(bundle: ModelBundle) -> str:
     if bundle.weights_id:
         return bundle.weights_id
     return "params:" + provenance.weights_digest([bundle.target, bundle.drafter, bundle.small_drafter])
-
-
-def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.device) -> dict[str, Any]:
-    """What a decoder's SampleSet is bound to: the model (config and weights digest), the decoder
-    configuration, sampling, seed, engine and device type. Timing-only keys (batch size, warm-up,
-    threads) and where the weights are read from are left out, so a resumed or sharded run with
-    other timing settings shares the set. A stored set is resumed when the two bindings agree once
-    options at their defaults are left out (harness/binding.py: sets outlive new options)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    return {
-        "format": BINDING_FORMAT,
-        "model": {"name": cfg.model.get("name", "model"), **_without(resolved["model"], _LOCATION_KEYS)},
-        "weights": weights,
-        "decoder": {"name": decoder, **resolved["decoder"][decoder]},
-        "sampling": _without(resolved["sampling"], frozenset({"_target_"})),
-        "seed": cfg.seed,
-        "engine": str(cfg.get("engine") or "eager"),
-        "device": device.type,
-    }
-
-
-def _without(tree: Any, keys: frozenset[str]) -> Any:
-    """`tree` with every dict key in `keys` removed, at any depth."""
-    if isinstance(tree, dict):
-        return {k: _without(v, keys) for k, v in tree.items() if k not in keys}
-    return tree
-
-
-def _warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, Any] | None) -> None:
-    """An evaluate-only run scores what the set holds: say so when its binding differs from this
-    job's decoder, sampling or seed (run.json records the stored binding under sample_sets)."""
-    if stored is None or "generate" in cfg.stages:
-        return
-    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), torch.device(str(stored.get("device", "cpu"))))
-    keys = ("decoder", "sampling", "seed", "model")
-    diffs = binding_differences({k: stored.get(k) for k in keys}, {k: now[k] for k in keys}, without_defaults)
-    if diffs:
-        log.warning("[%s] the samples were made under another configuration than this job's (%s); "
-                    "the rows describe the stored samples (their binding is in run.json)",
-                    decoder, "; ".join(diffs[:5]))
 
 
 def _check_shard_stages(cfg: DictConfig) -> None:
@@ -353,159 +298,3 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
             write_atomic(path, res.per_sample.to_csv(index=False).encode())
             verdicts[(decoder, ev.name)] = res.per_sample
     return frames
-
-
-def _with_speedup(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
-    """Add `speedup_vs_raster` (raster's median latency / the decoder's) when raster is in the job:
-    the side-by-side ratio the paper reports, with its bootstrap standard error and confidence
-    interval (`speedup_interval`) where the speed evaluator's per-image latencies are at hand."""
-    lat = summary[(summary.metric == "latency_s") & (summary.subset == "all")]
-    base = lat[lat.decoder == "raster"]
-    if base.empty:
-        return summary
-    ref = float(base.value.iloc[0])
-    rows = lat.copy()
-    rows["metric"] = "speedup_vs_raster"
-    rows["value"] = ref / rows["value"].astype(float)
-    rows["higher_is_better"] = True
-    intervals = []
-    reference = verdicts.get(("raster", str(base.evaluator.iloc[0])))
-    for _, row in rows.iterrows():
-        mine = verdicts.get((row.decoder, row.evaluator))
-        if mine is None or reference is None:
-            intervals.append((math.nan, math.nan, math.nan))
-        else:
-            intervals.append(speedup_interval(mine, reference)[1:])
-    rows["stderr"] = [i[0] for i in intervals]
-    rows[list(INTERVAL_COLUMNS)] = [list(i[1:]) for i in intervals]
-    ratios = [_ratio_rows(summary, "end_to_end_s", "speedup_e2e_vs_raster"),
-              _ratio_rows(summary, "target_forwards", "forward_compression_vs_raster")]
-    return pd.concat([summary, rows, *ratios], ignore_index=True)
-
-
-def _ratio_rows(summary: pd.DataFrame, metric: str, name: str) -> pd.DataFrame:
-    """Rows `name` = raster's `metric` / each decoder's, when raster is in the job: with `end_to_end_s`
-    the paper's end-to-end speed-up (condition + decode + tokens to pixels), with `target_forwards`
-    the forward-count compression (machine-independent)."""
-    found = summary[(summary.metric == metric) & (summary.subset == "all")]
-    base = found[found.decoder == "raster"]
-    if base.empty:
-        return found.iloc[0:0]
-    rows = found.copy()
-    rows["metric"] = name
-    rows["value"] = float(base.value.iloc[0]) / rows["value"].astype(float)
-    rows["stderr"] = math.nan
-    rows["higher_is_better"] = True
-    return rows
-
-
-def _units(per_sample: pd.DataFrame) -> tuple[list[str], list[np.ndarray], np.ndarray]:
-    """The timed batches of a speed per_sample table: (key, repetition latencies, images) per batch.
-    The key is the batch's sorted sample ids, so two decoders' batches of the same images pair."""
-    frame = per_sample
-    if "timed" in frame.columns:
-        frame = frame[frame["timed"].astype(str).str.lower().isin(("true", "1", "1.0"))]
-    frame = frame[pd.to_numeric(frame["latency_s"], errors="coerce").notna()]
-    keys, reps, sizes = [], [], []
-    group = frame["batch_id"] if "batch_id" in frame.columns else frame["sample_id"]
-    for _, batch in frame.groupby(group, sort=False):
-        listed = batch["latency_reps_s"].iloc[0] if "latency_reps_s" in batch.columns else None
-        values = [float(v) for v in str(listed).split()] if isinstance(listed, (str, float, int)) else []
-        values = [v for v in values if math.isfinite(v)]
-        keys.append(" ".join(sorted(batch["sample_id"].astype(str))))
-        reps.append(np.asarray(values or [float(batch["latency_s"].iloc[0])], dtype=float))
-        sizes.append(len(batch))
-    return keys, reps, np.asarray(sizes, dtype=float)
-
-
-def speedup_interval(mine: pd.DataFrame, reference: pd.DataFrame, draws: int = BOOTSTRAP_DRAWS,
-                     level: float = CI_LEVEL, seed: int = 0) -> tuple[float, float, float, float]:
-    """Speed-up of `mine` over `reference` (speed per_sample tables: sample_id, batch_id, latency_s,
-    latency_reps_s, timed) as (point, stderr, ci_low, ci_high).
-
-    point: the reference's median per-image latency / mine (latency = median of the repetitions).
-    The interval is a two-level bootstrap: timed batches are resampled with replacement (the same
-    draw for both decoders when their batches hold the same images: a paired ratio), then each
-    batch's repetitions, and the ratio of the per-image medians is taken; ci_low / ci_high are its
-    (1 - level) / 2 and (1 + level) / 2 quantiles, stderr its standard deviation. Seeded: the same
-    latencies give the same interval. NaN where either side has fewer than two timed decodes.
-    """
-    mine_keys, mine_reps, mine_sizes = _units(mine)
-    ref_keys, ref_reps, ref_sizes = _units(reference)
-    if not mine_keys or not ref_keys:
-        return (math.nan,) * 4
-    if min(sum(len(r) for r in mine_reps), sum(len(r) for r in ref_reps)) < 2:
-        return (math.nan,) * 4  # one decode on a side: nothing to resample
-    point = _weighted_median(np.array([[np.median(r) for r in ref_reps]]), ref_sizes)[0] \
-        / _weighted_median(np.array([[np.median(r) for r in mine_reps]]), mine_sizes)[0]
-    rng = np.random.default_rng(seed)
-    pick_ref = rng.integers(0, len(ref_keys), size=(draws, len(ref_keys)))
-    ref_idx = [rng.integers(0, len(r), size=(draws, len(r))) for r in ref_reps]
-    if sorted(mine_keys) == sorted(ref_keys):  # paired: the same images, and the same repetitions
-        where = {k: i for i, k in enumerate(ref_keys)}
-        to_ref = np.array([where[k] for k in mine_keys])  # mine's batch j holds ref's batch to_ref[j]
-        pick_mine = np.argsort(to_ref)[pick_ref]
-        mine_idx = [ref_idx[to_ref[j]] if len(r) == len(ref_reps[to_ref[j]])
-                    else rng.integers(0, len(r), size=(draws, len(r))) for j, r in enumerate(mine_reps)]
-    else:
-        pick_mine = rng.integers(0, len(mine_keys), size=(draws, len(mine_keys)))
-        mine_idx = [rng.integers(0, len(r), size=(draws, len(r))) for r in mine_reps]
-    rows = np.arange(draws)[:, None]
-    ratios = _weighted_median(_resampled(ref_reps, ref_idx)[rows, pick_ref], ref_sizes[pick_ref]) \
-        / _weighted_median(_resampled(mine_reps, mine_idx)[rows, pick_mine], mine_sizes[pick_mine])
-    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
-    return float(point), float(np.std(ratios, ddof=1)) if draws > 1 else math.nan, float(low), float(high)
-
-
-def _resampled(reps: list[np.ndarray], idx: list[np.ndarray]) -> np.ndarray:
-    """[draws, batches]: per draw and batch, the median of the batch's repetitions drawn at `idx`
-    (per batch [draws, repetitions] indices: resampling with replacement)."""
-    return np.stack([np.median(values[i], axis=1) for values, i in zip(reps, idx)], axis=1)
-
-
-def _weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Row-wise median of `values` [D, U] with integer weights [D, U] (or [U]): each value counted
-    `weight` times; the mean of the two middle values when the total weight is even (pandas's
-    median of per-image rows)."""
-    weights = np.broadcast_to(weights, values.shape)
-    order = np.argsort(values, axis=1)
-    v = np.take_along_axis(values, order, axis=1)
-    cum = np.cumsum(np.take_along_axis(weights, order, axis=1), axis=1)
-    total = cum[:, -1:]
-    lower = np.argmax(cum >= (total + 1) // 2, axis=1)  # the image at position ceil(total / 2)
-    upper = np.argmax(cum >= total // 2 + 1, axis=1)  # the image at position total // 2 + 1
-    rows = np.arange(len(values))
-    return (v[rows, lower] + v[rows, upper]) / 2
-
-
-def warn_noisy_timing(summary: pd.DataFrame, threshold: float) -> list[str]:
-    """Log a warning naming every decoder whose `timing_noise` exceeds `threshold`; return them."""
-    if summary.empty or "metric" not in summary.columns:
-        return []
-    noise = summary[(summary.metric == "timing_noise") & (summary.subset == "all")]
-    noisy = noise[pd.to_numeric(noise.value, errors="coerce") > threshold]
-    if noisy.empty:
-        return []
-    names = [str(d) for d in noisy.decoder]
-    figures = ", ".join(f"{d} {float(v):.2f}" for d, v in zip(noisy.decoder, noisy.value))
-    log.warning("timing unreliable for %s: timing_noise (%s) above timing.noise_threshold %.2f. Repeated "
-                "decodes of the same images disagree, or the decoding thread was kept off the CPU (another "
-                "process?); do not trust these decoders' latencies and speed-ups. Rerun on a quiet "
-                "machine (docs/methodology.md).", ", ".join(names), figures, threshold)
-    return names
-
-
-def _with_geneval_gap(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
-    """Add `geneval_gap_vs_raster` (GenEval overall minus raster's on the same images, `stderr` the
-    paired standard error; evaluators/geneval_rules.paired_difference) for every decoder whose
-    `geneval` score has per-image verdicts, when raster is in the same job."""
-    overall = summary[(summary.metric == "geneval") & (summary.subset == "all")]
-    rows = []
-    for _, row in overall.iterrows():
-        mine, reference = verdicts.get((row.decoder, row.evaluator)), verdicts.get(("raster", row.evaluator))
-        if mine is None or reference is None:
-            continue
-        gap, stderr = paired_difference(mine, reference)
-        rows.append({**row.to_dict(), "metric": "geneval_gap_vs_raster", "value": gap, "stderr": stderr,
-                     "higher_is_better": True})
-    return pd.concat([summary, pd.DataFrame(rows)], ignore_index=True) if rows else summary

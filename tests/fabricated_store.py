@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.api import Prompt
-from harness.samples import SampleSet, plan
+from harness.store.samples import SampleSet, plan
 
 K = "decoder.mulo_sd.accept.k"
 TAU = "decoder.mulo_sd.accept.tau"

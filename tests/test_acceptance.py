@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.acceptance import LanternRule, lantern_boost, speculative_verdict
-from baselines.scope import RasterScope
-from baselines.neighbours import compute_neighbours, neighbour_table
+from baselines.framework.acceptance import LanternRule, lantern_boost, speculative_verdict
+from baselines.framework.scope import RasterScope
+from baselines.framework.neighbours import compute_neighbours, neighbour_table
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import harness.__main__ as cli_main
-from harness import results
+from harness.store import summary as results
 from harness.cli import EXIT_INPUT_ERROR, check_overrides, report_errors
 from harness.run import EvaluationFailedError, run
 from tests.conftest import ROOT, compose_cfg

@@ -14,7 +14,7 @@ from evaluators.clip_models import OPENAI_MEAN, OPENAI_STD, MissingModelError, r
 from evaluators.clip_score import CLIPScoreEvaluator
 from evaluators.hpsv2 import HPSv2Evaluator
 from harness.api import METRIC_COLUMNS, Prompt
-from harness.samples import CorruptImageError, SampleSet, plan
+from harness.store.samples import CorruptImageError, SampleSet, plan
 
 TINY = "tiny-test-clip"
 TINY_CFG = {"embed_dim": 16,

@@ -11,7 +11,7 @@ import pytest
 
 from evaluators.dpg_bench import DPGBenchEvaluator, Question, load_questions, make_grid, question_scores, split_grid
 from harness.api import Prompt
-from harness.samples import SampleSet, plan
+from harness.store.samples import SampleSet, plan
 
 HEADER = ["item_id", "text", "keywords", "proposition_id", "dependency", "category_broad", "category_detailed",
           "tuple", "question_natural_language"]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from baselines.upsamplers import resize_images  # noqa: E402
+from baselines.methods.upsamplers import resize_images  # noqa: E402
 from benchmarks.draft_ceiling import SEED_OFFSET, main, scenes, tokenized, write_row  # noqa: E402
 from harness.api import Prompt  # noqa: E402
-from harness.samples import SampleSet, SampleSpec  # noqa: E402
+from harness.store.samples import SampleSet, SampleSpec  # noqa: E402
 from harness.shapes.bundle import load  # noqa: E402
 from harness.shapes.scenes import render, scene_for_caption  # noqa: E402
 from tests.single_thread import single_thread  # noqa: F401,E402  (autouse)

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines.acceptance import ExactRule, LanternRule
-from baselines.draft_tree import Pool, TreeOptions, ancestry, select, tree_attention
-from baselines.eagle import EagleDraft
-from baselines.raster import RasterDecoder
-from baselines.tree_decoding import TreeDecoder
+from baselines.framework.acceptance import ExactRule, LanternRule
+from baselines.framework.draft_tree import Pool, TreeOptions, ancestry, select, tree_attention
+from baselines.methods.eagle import EagleDraft
+from baselines.methods.raster import RasterDecoder
+from baselines.methods.tree_decoding import TreeDecoder
 from harness.api import ConfigValueError, ModelBundle, SamplingParams
 from harness.models.eagle_head import (EagleHead, EagleHeadConfig, build_head, check_compatible, load_trained,
                                        random_head, save_head)
 from harness.models.gpt import GPTConfig
 from harness.models.hub import WeightsError, load_strict
-from harness.models.llamagen import gpt_config
-from harness.models.random_init import build
+from harness.models.llamagen.bundle import gpt_config
+from harness.models.random.bundle import build
 from harness.run import guided
 from tests.official_keys import diff, keys_of, recorded
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
@@ -104,7 +104,7 @@ def test_trained_head_files_round_trip_and_refuse_another_target(tmp_path: Path)
 
 # ----------------------------------------------------------------------------- tree structures
 def _grown_pool(b: int, depth: int, k: int, seed: int) -> Pool:
-    """A pool grown like EAGLE-2's (baselines/eagle.py) from random log-probabilities rounded to
+    """A pool grown like EAGLE-2's (baselines/methods/eagle.py) from random log-probabilities rounded to
     produce ties."""
     g = torch.Generator().manual_seed(seed)
 
@@ -275,7 +275,7 @@ class _SequentialExact:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_exact_siblings_in_closed_form_equal_one_at_a_time(seed: int) -> None:
-    from baselines.acceptance import sequential_siblings
+    from baselines.framework.acceptance import sequential_siblings
 
     g = torch.Generator().manual_seed(seed)
     b, v, k = 64, 12, 5
@@ -296,7 +296,7 @@ def test_exact_siblings_in_closed_form_equal_one_at_a_time(seed: int) -> None:
 def _walk_level_by_level(p, children, tokens, u, limit, rule, ctx):  # type: ignore[no-untyped-def]
     """The tree walk as first written: decide the children of the node reached at each level, one
     level after the other (the reference `accept_tree` must equal)."""
-    from baselines.acceptance import sequential_siblings
+    from baselines.framework.acceptance import sequential_siblings
 
     b, levels, k = u.shape
     rows = torch.arange(b)
@@ -338,7 +338,7 @@ class _Neighbours:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("rule", ["exact", "lantern", "lantern_pooled"])
 def test_every_node_decided_at_once_equals_the_level_by_level_walk(seed: int, rule: str) -> None:
-    from baselines.acceptance import accept_tree
+    from baselines.framework.acceptance import accept_tree
 
     b, depth, k, nodes, vocab = 32, 3, 3, 17, 50
     tree = select(_grown_pool(b, depth, k, seed), nodes, k)
@@ -418,7 +418,7 @@ def test_a_head_of_another_grid_is_refused_by_the_decoder() -> None:
 
 
 def test_rules_without_a_tree_walk_are_refused() -> None:
-    from baselines.pooled import PooledThresholdRule
+    from baselines.methods.pooled import PooledThresholdRule
 
     with pytest.raises(ConfigValueError, match="cannot decide over a draft tree"):
         TreeDecoder(SamplingParams(), EagleDraft(),
@@ -437,7 +437,7 @@ def test_shipped_heads_are_listed_with_their_hashes_and_fit_their_targets(world:
 
     manifest = read_manifest(WORLDS[world])
     assert HEAD_FILE in manifest["files"] and manifest["metrics"]["eagle_head"]["steps"] > 0
-    assert "baselines.train_eagle" in manifest["recipe"]["eagle_head"]["command"]
+    assert "baselines.training.train_eagle" in manifest["recipe"]["eagle_head"]["command"]
     verified(HEAD_FILE, WORLDS[world])
     bundle = load(world=world, drafter=False, small_drafter=False)
     assert bundle.eagle_head is not None and bundle.eagle_head.cfg.grid == bundle.target.grid

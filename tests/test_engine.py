@@ -1,4 +1,4 @@
-"""The decode engine (harness/engine.py): compiled forwards decode what eager ones do, caches are
+"""The decode engine (harness/runtime/engine.py): compiled forwards decode what eager ones do, caches are
 allocated once and reused, and an engine that cannot run here stops before generation."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines.raster import RasterDecoder
-from harness import engine, hostsync
+from baselines.methods.raster import RasterDecoder
+from harness.runtime import engine, hostsync
 from harness.api import ConfigValueError, SamplingParams
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.run import _build, guided
 from tests.conftest import ROOT, compose_cfg
 

@@ -15,7 +15,7 @@ from PIL import Image
 from evaluators.fid import FIDEvaluator, center_crop_resize, frechet_distance, kernel_distance
 from evaluators.fid_features import MissingWeightsError, WeightsChoice, build_extractor, choose_weights
 from harness.datasets.prompts import shapes
-from harness.samples import CorruptImageError, SampleSet, plan
+from harness.store.samples import CorruptImageError, SampleSet, plan
 from harness.shapes.scenes import render, scene_for_caption
 
 

@@ -12,7 +12,7 @@ from evaluators.geneval import GenEvalEvaluator
 from evaluators.geneval_color import BACKGROUND, ClipColorClassifier, object_crop
 from evaluators.geneval_rules import GENEVAL_COLORS, Detection
 from harness.api import Prompt
-from harness.samples import SampleSet, plan
+from harness.store.samples import SampleSet, plan
 from tests.test_clip_evaluators import save_random, tiny_arch  # noqa: F401  (fixture)
 
 

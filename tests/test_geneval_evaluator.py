@@ -16,7 +16,7 @@ from evaluators.geneval_rules import Detection, GenEvalRules
 from harness.api import METRIC_COLUMNS, Prompt
 from harness.datasets.prompts import shapes
 from harness.run import _build
-from harness.samples import SampleSet, plan
+from harness.store.samples import SampleSet, plan
 from harness.shapes.scenes import render, scene_for_caption
 from tests.conftest import compose_cfg
 

@@ -8,7 +8,7 @@ import torch
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT, GPTConfig, causal_mask, rope_2d_table
 from harness.models.guidance import Guided
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.shapes.gpt import ShapesConfig, ShapesGPT, partial_rope_table
 
 

@@ -325,7 +325,7 @@ def test_lock_file_pins_everything_pyproject_asks_for() -> None:
 
 
 def test_run_json_records_the_lock_file(tmp_path: Path) -> None:
-    from harness.provenance import write_run_json
+    from harness.store.provenance import write_run_json
 
     record = write_run_json(tmp_path / "run.json", {"name": "x"})
     assert record["lock"]["sha256"] == hashlib.sha256(LOCK.read_bytes()).hexdigest()

@@ -1,5 +1,5 @@
 """Rejection islands and MuLo-SD's resampler without host reads or [B, L, L] tensors
-(baselines/islands.py, baselines/resampling.py): every piece gives what the pairwise, read-per-step,
+(baselines/methods/islands.py, baselines/methods/resampling.py): every piece gives what the pairwise, read-per-step,
 pack-per-forward implementation gave (kept below as the reference), and one `fill` reads the device
 at most once (plus one read per chunk of labelling passes) when reads are not free."""
 from __future__ import annotations
@@ -13,22 +13,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from baselines import islands, resampling
-from baselines.islands import block_islands, dense, island_steps, label_islands, serial_steps
-from baselines.local import LocalScope, block_coordinates
-from baselines.lowres import LowResDraft
-from baselines.canvas import feed_positions
-from baselines.pooled import PooledThresholdRule, anchor_table, anchored
-from baselines.resampling import IslandResampler
-from baselines.scope import Resolution
-from baselines.speculative import SpeculativeDecoder
-from baselines.upsamplers import NearestUpsampler
-from harness import engine, hostsync
+from baselines.methods import islands, resampling
+from baselines.methods.islands import block_islands, dense, island_steps, label_islands, serial_steps
+from baselines.methods.local import LocalScope, block_coordinates
+from baselines.methods.lowres import LowResDraft
+from baselines.framework.canvas import feed_positions
+from baselines.methods.pooled import PooledThresholdRule, anchor_table, anchored
+from baselines.methods.resampling import IslandResampler
+from baselines.framework.scope import Resolution
+from baselines.framework.speculative import SpeculativeDecoder
+from baselines.methods.upsamplers import NearestUpsampler
+from harness.runtime import engine, hostsync
 from harness.api import ModelBundle, SamplingParams
 from harness.models.masks import attention_mask
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.run import guided
-from harness.sampling import inverse_cdf, probs
+from harness.runtime.sampling import inverse_cdf, probs
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, cfg_scale=2.0)

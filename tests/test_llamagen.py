@@ -11,8 +11,8 @@ from harness.models.condition import TextCondition
 from harness.models.eagle_head import save_head
 from harness.models.gpt import GPT, rope_2d_table
 from harness.models.hub import WeightsError, resolve
-from harness.models.llamagen import gpt_config
-from harness.models.t5_captions import CaptionConditioner, TinyTextEncoder, clean_caption, left_pad
+from harness.models.llamagen.bundle import gpt_config
+from harness.models.llamagen.t5_captions import CaptionConditioner, TinyTextEncoder, clean_caption, left_pad
 from harness.run import _build
 from tests.conftest import compose_cfg
 from tests.official_keys import diff, keys_of, recorded

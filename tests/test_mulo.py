@@ -9,21 +9,21 @@ import pytest
 import torch
 from scipy import ndimage
 
-from baselines.acceptance import Verdict
-from baselines.islands import block_islands, island_steps
-from baselines.local import LocalScope
-from baselines.lowres import LowResDraft
-from baselines.pooled import PooledThresholdRule, pooled_mass
-from baselines.raster import RasterDecoder
-from baselines.resampling import IslandResampler
-from baselines.speculative import SpeculativeDecoder
-from baselines.upsamplers import NearestUpsampler, PixelUpsampler, build_upsampler
+from baselines.framework.acceptance import Verdict
+from baselines.methods.islands import block_islands, island_steps
+from baselines.methods.local import LocalScope
+from baselines.methods.lowres import LowResDraft
+from baselines.methods.pooled import PooledThresholdRule, pooled_mass
+from baselines.methods.raster import RasterDecoder
+from baselines.methods.resampling import IslandResampler
+from baselines.framework.speculative import SpeculativeDecoder
+from baselines.methods.upsamplers import NearestUpsampler, PixelUpsampler, build_upsampler
 from harness.api import ModelBundle, SamplingParams
 from harness.datasets.prompts import shapes
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.run import _build, guided, run
-from harness.samples import plan
-from harness.sampling import probs
+from harness.store.samples import plan
+from harness.runtime.sampling import probs
 from tests.conftest import CONF, compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -308,7 +308,7 @@ def test_rounds_refuse_a_draft_that_does_not_cover_the_image(bundle: ModelBundle
 
 # ----------------------------------------------------------------------------- anchor
 def test_anchored_keeps_the_mass_of_the_neighbourhood_or_falls_back_to_p() -> None:
-    from baselines.pooled import anchored
+    from baselines.methods.pooled import anchored
 
     p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.0, 0.0]])
     table = torch.tensor([[1], [0], [3], [2]])  # each code's one nearest neighbour

@@ -17,7 +17,7 @@ from benchmarks.oracle import OracleDraft, low_view
 from harness.api import Generation
 from harness.datasets.prompts import shapes
 from harness.run import _build, guided
-from harness.samples import plan
+from harness.store.samples import plan
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 TINY = ["model.grid=8", "model.vocab=32", "model.dim=32", "model.n_layer=1", "sampling.cfg_scale=1.5"]

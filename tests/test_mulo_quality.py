@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.mulo_quality import X2_VARIANTS, main, parse_variant  # noqa: E402
 from evaluators.geneval_rules import tag_accuracies  # noqa: E402
-from harness.results import paired_difference  # noqa: E402
+from harness.store.summary import paired_difference  # noqa: E402
 from tests.single_thread import single_thread  # noqa: F401,E402  (autouse)
 
 TINY = ["--set", "model.grid=8", "--set", "model.vocab=32", "--set", "model.dim=32", "--set", "model.n_layer=1"]
@@ -88,7 +88,7 @@ def test_samples_keeps_raster_between_runs_and_refuses_other_settings(tmp_path: 
     again = _rows(capsys.readouterr().out)
     assert {p.name: p.stat().st_mtime_ns for p in raster.iterdir()} == stamps, "raster was not decoded again"
     assert again["raster"] == first["raster"]
-    from harness.samples import BindingMismatchError
+    from harness.store.samples import BindingMismatchError
 
     with pytest.raises(BindingMismatchError, match="seed"):
         main([*common, "--seed", "7", "--out", str(tmp_path / "other"), "--variant", "z1=zipar:window=1"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from baselines.zipar import zipar_schedule
+from baselines.methods.zipar import zipar_schedule
 from harness.shapes.parallel_masks import random_region, region_steps, sample_hidden, zipar_hidden
 
 

@@ -53,7 +53,7 @@ def test_paper_main_plans_the_protocol_for_every_real_model(model: str, protocol
         assert "eagle_head" in jobs.skipped["lantern"] and "model.eagle_head_file" in jobs.skipped["lantern"]
     assert cfg.decoder.zipar.window == 16
     assert (cfg.decoder.lantern.accept.k, cfg.decoder.lantern.accept.delta) == (1000, 0.4)
-    assert cfg.decoder.lantern.draft._target_ == "baselines.eagle.EagleDraft"
+    assert cfg.decoder.lantern.draft._target_ == "baselines.methods.eagle.EagleDraft"
     for name in jobs.decoders:
         decoder = _build(cfg.decoder[name], drop=("name", "requires"))
         assert decoder.sampling.cfg_scale == cfg.model.sampling.cfg_scale

@@ -1,11 +1,11 @@
-"""Per-image counter-based random streams (harness/randomness.py)."""
+"""Per-image counter-based random streams (harness/runtime/randomness.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.randomness import ImageStreams, philox4x32, stream_uniforms
-from harness.seeding import image_seed
+from harness.runtime.randomness import ImageStreams, philox4x32, stream_uniforms
+from harness.runtime.seeding import image_seed
 
 # Random123's known-answer vectors for Philox-4x32-10: (counter, key) -> output.
 KNOWN_ANSWERS = [

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from baselines.raster import RasterDecoder
+from baselines.methods.raster import RasterDecoder
 from harness.api import SamplingParams
 from harness.datasets.prompts import shapes
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.run import guided
-from harness.randomness import ImageStreams
-from harness.samples import plan
-from harness.sampling import probs, sample
+from harness.runtime.randomness import ImageStreams
+from harness.store.samples import plan
+from harness.runtime.sampling import probs, sample
 
 PARAMS = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, cfg_scale=2.0)
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.local import LocalScope
-from baselines.lowres import LowResDraft
-from baselines.pooled import PooledThresholdRule
-from baselines.resampling import IslandResampler
-from baselines.speculative import SpeculativeDecoder
-from baselines.upsamplers import NearestUpsampler
+from baselines.methods.local import LocalScope
+from baselines.methods.lowres import LowResDraft
+from baselines.methods.pooled import PooledThresholdRule
+from baselines.methods.resampling import IslandResampler
+from baselines.framework.speculative import SpeculativeDecoder
+from baselines.methods.upsamplers import NearestUpsampler
 from harness.api import ModelBundle, SamplingParams
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.models.replay import ReplayModel
 from harness.run import guided
 from tests.single_thread import single_thread  # noqa: F401  (autouse)

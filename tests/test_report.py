@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from harness.report.figures import Panel, common_samples, heatmap_of
-from harness.samples import SampleSet
+from harness.store.samples import SampleSet
 from harness.report.tables import Regenerated, regenerate
 from tests.fabricated_store import add_samples, build_store, row, write_summary
 

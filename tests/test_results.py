@@ -1,4 +1,4 @@
-"""Run outputs: merging summary.csv tables (harness.results) and run.json (harness.provenance)."""
+"""Run outputs: merging summary.csv tables (harness.store.summary) and run.json (harness.store.provenance)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import provenance, results
+from harness.store import provenance
+from harness.store import summary as results
 
 HEADER = "experiment,model,decoder,evaluator,metric,subset,value,stderr,n,higher_is_better\n"
 

@@ -6,7 +6,7 @@ import pytest
 
 from evaluators.geneval_rules import paired_difference
 from harness.api import metric_rows
-from harness.run import _with_geneval_gap
+from harness.comparisons import _with_geneval_gap
 
 
 def _summary(scores: dict[str, float], evaluator: str = "geneval_shapes") -> pd.DataFrame:

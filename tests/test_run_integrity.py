@@ -12,8 +12,9 @@ import torch
 from omegaconf import DictConfig
 
 from harness.api import EvalResult, metric_rows
-from harness.run import EvaluationFailedError, run, sample_binding
-from harness.samples import BindingMismatchError, SampleSet
+from harness.run import EvaluationFailedError, run
+from harness.store.binding import sample_binding
+from harness.store.samples import BindingMismatchError, SampleSet
 from tests.conftest import compose_cfg
 
 BASE = ["+experiment=smoke", "decoder=[raster]"]
@@ -138,11 +139,11 @@ def test_shard_jobs_share_one_sample_set(tmp_path: Path) -> None:
 
 
 def test_options_at_their_defaults_leave_the_binding_unchanged() -> None:
-    from harness.binding import without_defaults
+    from harness.store.binding import without_defaults
 
-    rule = {"_target_": "baselines.pooled.PooledThresholdRule", "k": 16, "tau": 0.1, "below": 0,
+    rule = {"_target_": "baselines.methods.pooled.PooledThresholdRule", "k": 16, "tau": 0.1, "below": 0,
             "confident": None}
-    assert without_defaults(rule) == {"_target_": "baselines.pooled.PooledThresholdRule"}
+    assert without_defaults(rule) == {"_target_": "baselines.methods.pooled.PooledThresholdRule"}
     assert without_defaults({**rule, "below": 2})["below"] == 2
     assert without_defaults({**rule, "tau": 0.3})["tau"] == 0.3
     unknown = {"_target_": "baselines.no_such_module.Rule", "below": 0}

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import harness.samples as samples_module
+import harness.store.samples as samples_module
 from harness.api import Prompt
-from harness.samples import (
+from harness.store.samples import (
     CorruptImageError,
     IncompleteSampleSetError,
     NotWritableError,
@@ -23,7 +23,7 @@ from harness.samples import (
     plan,
     sample_id_for,
 )
-from harness.seeding import image_seed
+from harness.runtime.seeding import image_seed
 
 
 def _prompts(n: int) -> list[Prompt]:

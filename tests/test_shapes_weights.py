@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from baselines.raster import RasterDecoder
+from baselines.methods.raster import RasterDecoder
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import SamplingParams
@@ -20,7 +20,7 @@ from harness.shapes.bundle import load
 from harness.shapes.captions import ENCODINGS
 from harness.shapes.train_gpt import save_gpt
 from harness.shapes.weights import WEIGHTS_DIR, WeightsError, load_gpt, read_manifest, write_manifest
-from harness.seeding import image_seed
+from harness.runtime.seeding import image_seed
 
 
 def test_manifest_lists_every_shipped_file_with_its_hash() -> None:

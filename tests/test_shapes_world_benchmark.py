@@ -1,6 +1,6 @@
 """benchmarks/shapes_world.py: its raster rows are pipeline runs (the drafter's through a bundle whose
 target is the drafter), and its up-sampler table (benchmarks/shapes_drafts.py): the rejected shares
-are the pooled-threshold rule's (baselines/pooled.py) on the guided target, and every shipped
+are the pooled-threshold rule's (baselines/methods/pooled.py) on the guided target, and every shipped
 up-sampler gets a row."""
 from __future__ import annotations
 

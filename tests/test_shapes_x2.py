@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from baselines.raster import RasterDecoder
+from baselines.methods.raster import RasterDecoder
 from evaluators.geneval import ShapesBackend
 from evaluators.geneval_rules import GenEvalRules
 from harness.api import SamplingParams
 from harness.datasets.prompts import shapes
 from harness.run import guided
-from harness.seeding import image_seed
+from harness.runtime.seeding import image_seed
 from harness.shapes.bundle import load
 from harness.shapes.recipe import (BORROWED, GPTS, SHIPPED_X2, WORLD_STAGES, adopt_shipped, finished, install,
                                    stage_order, weights_of)
@@ -140,9 +140,9 @@ def test_x2_target_samples_score_above_a_floor() -> None:
 def test_learned_upsampler_takes_the_weights_trained_for_the_targets_grid(objective: str) -> None:
     """`weights: shipped` resolves by the target's grid: the x1 world's 16x16 weights on model=shapes,
     the 32x32 ones (trained at 128 px) on model=shapes_x2; weights of one grid refuse the other."""
-    from baselines.canvas import Context
-    from baselines.latent_upsampler import load_upsampler
-    from baselines.upsamplers import LearnedUpsampler, shipped_weights
+    from baselines.framework.canvas import Context
+    from baselines.methods.latent_upsampler import load_upsampler
+    from baselines.methods.upsamplers import LearnedUpsampler, shipped_weights
 
     for world, grid in (("x1", (16, 16)), ("x2", (32, 32))):
         bundle = load(world=world, small_drafter=False)

@@ -1,25 +1,25 @@
 """The pieces written once and used everywhere: the attention-mask builder (harness/models/masks.py)
 against the masks the GPT and the decoders used to build by hand, the inverse-CDF sampler
-(harness/sampling.py), attribute forwarding (harness/models/wrapper.py), the draft-source and
+(harness/runtime/sampling.py), attribute forwarding (harness/models/wrapper.py), the draft-source and
 rejection-scope base classes with their defaults, and the stateless local scope."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from baselines.acceptance import ExactRule
-from baselines.drafts import DraftRun, DraftSource, JacobiDraft, ModelDraft
-from baselines.local import LocalScope
-from baselines.scope import RasterScope, RejectionScope
-from baselines.speculative import SpeculativeDecoder
+from baselines.framework.acceptance import ExactRule
+from baselines.framework.drafts import DraftRun, DraftSource, JacobiDraft, ModelDraft
+from baselines.methods.local import LocalScope
+from baselines.framework.scope import RasterScope, RejectionScope
+from baselines.framework.speculative import SpeculativeDecoder
 from harness.api import SamplingParams
 from harness.models.guidance import Guided
 from harness.models.masks import attention_mask, hide
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.models.replay import ReplayModel
 from harness.models.wrapper import forwarded
-from harness.randomness import ImageStreams
-from harness.sampling import inverse_cdf, sample_from
+from harness.runtime.randomness import ImageStreams
+from harness.runtime.sampling import inverse_cdf, sample_from
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 S = 12  # cache slots

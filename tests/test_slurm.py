@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import pandas as pd
 import pytest
 
-from baselines.raster import RasterDecoder
+from baselines.methods.raster import RasterDecoder
 from tests.conftest import ROOT
 from tests.test_sharding import BASE, non_timing, ok, pngs, unsharded_reference
 

@@ -9,16 +9,16 @@ import itertools
 import pytest
 import torch
 
-from baselines.acceptance import ExactRule, LanternRule, Verdict, speculative_verdict
-from baselines.drafts import JacobiDraft, ModelDraft
-from baselines.raster import RasterDecoder
-from baselines.speculative import SpeculativeDecoder
+from baselines.framework.acceptance import ExactRule, LanternRule, Verdict, speculative_verdict
+from baselines.framework.drafts import JacobiDraft, ModelDraft
+from baselines.methods.raster import RasterDecoder
+from baselines.framework.speculative import SpeculativeDecoder
 from harness.api import ModelBundle, SamplingParams
 from harness.datasets.prompts import shapes
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.run import _build, guided
-from harness.samples import plan
-from harness.sampling import probs
+from harness.store.samples import plan
+from harness.runtime.sampling import probs
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -205,7 +205,7 @@ def test_decode_stats_reach_the_speed_evaluator(bundle: ModelBundle, tmp_path) -
     from evaluators.speed import SpeedEvaluator
     from harness.report.rejections import rejection_heatmap
     from harness.generate import generate
-    from harness.samples import SampleSet
+    from harness.store.samples import SampleSet
 
     decoder = _decoders(SAMPLED)["sd"]
     models = guided(bundle, SAMPLED)

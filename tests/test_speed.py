@@ -11,7 +11,7 @@ import pytest
 from evaluators.speed import SpeedEvaluator, speed_result
 from harness.report.rejections import rejection_heatmap
 from harness.api import METRIC_COLUMNS, Prompt
-from harness.samples import SampleSet, plan
+from harness.store.samples import SampleSet, plan
 
 
 class _FakeSamples:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import results
+from harness.store import summary as results
 from harness.report.paper_reference import FACT_KEY, load_paper_numbers
 from harness.report.build import build_table
 from harness.report.cells import select_cells, with_derived_speedup

@@ -11,9 +11,9 @@ from harness.models.condition import TextCondition
 from harness.models.eagle_head import save_head
 from harness.models.gpt import GPT
 from harness.models.hub import WeightsError
-from harness.models.tar import ar_dtok_config, check_ar_args
-from harness.models.tar_llm import TinyCodeLM, parse_codes
-from harness.models.tatok import TATokCodeEmbedding, TATokConfig
+from harness.models.tar.bundle import ar_dtok_config, check_ar_args
+from harness.models.tar.llm import TinyCodeLM, parse_codes
+from harness.models.tar.tatok import TATokCodeEmbedding, TATokConfig
 from harness.run import _build
 from tests.conftest import compose_cfg
 from tests.official_keys import diff, keys_of, recorded

@@ -24,8 +24,9 @@ from evaluators.speed import SpeedEvaluator, timing_noise_of
 from harness.api import ConfigValueError, DecodeStats, Generation, ModelBundle, SamplingParams
 from harness.datasets.prompts import shapes
 from harness.generate import Job, Stopwatch, Timing, generate_all, schedule
-from harness.run import run, speedup_interval, warn_noisy_timing, with_comparisons
-from harness.samples import SampleSet, plan
+from harness.comparisons import speedup_interval, warn_noisy_timing, with_comparisons
+from harness.run import run
+from harness.store.samples import SampleSet, plan
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -270,7 +271,7 @@ class Sleepy:
     """Raster that sleeps (off the CPU) in its calls `calls`: a process that lost the CPU."""
 
     def __init__(self, sampling: SamplingParams, calls: Sequence[int], sleep_s: float) -> None:
-        from baselines.raster import RasterDecoder
+        from baselines.methods.raster import RasterDecoder
 
         self.inner = RasterDecoder(sampling)
         self.sampling = sampling
@@ -320,7 +321,7 @@ def test_speedups_show_their_interval_in_every_rendered_table() -> None:
     from harness.report.paper_reference import load_paper_numbers
     from harness.report.render import to_csv, to_html, to_latex, to_markdown, to_sources_csv
     from harness.report.specs import TABLES
-    from harness.results import format_table
+    from harness.store.summary import format_table
 
     table = build_table(_store(), TABLES["main"], load_paper_numbers())
     assert "2.79× [2.61, 2.95]" in to_markdown(table) and "95% confidence interval" in to_markdown(table)

@@ -1,4 +1,4 @@
-"""`python -m baselines.train_eagle`: a head for any bundle's target (the tiny official stacks on an
+"""`python -m baselines.training.train_eagle`: a head for any bundle's target (the tiny official stacks on an
 img2dataset folder, the shapes world on its scenes), its file and metadata, and a resumed run that
 ends where an uninterrupted one does."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from baselines import train_eagle
+from baselines.training import train_eagle
 from harness.models.eagle_head import check_compatible, load_trained, read_info
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 

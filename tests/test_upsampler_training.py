@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines.latent_upsampler import LatentUpsampler, load_upsampler
-from baselines.train_upsampler import OBJECTIVES, scene_pairs, train
+from baselines.methods.latent_upsampler import LatentUpsampler, load_upsampler
+from baselines.training.train_upsampler import OBJECTIVES, scene_pairs, train
 from harness.shapes.vq import ShapesVQ
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.raster import RasterDecoder
-from baselines.zipar import ZipARDecoder, zipar_schedule
+from baselines.methods.raster import RasterDecoder
+from baselines.methods.zipar import ZipARDecoder, zipar_schedule
 from harness.api import SamplingParams
-from harness.models.random_init import build
+from harness.models.random.bundle import build
 from harness.run import guided
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 

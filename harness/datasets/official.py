@@ -21,7 +21,7 @@ import numpy as np
 from harness.api import ConfigValueError, Prompt
 from harness.datasets.prompts import PromptFileError, select
 from harness.datasets.downloads import Pinned, cache_root, fetch, resolve
-from harness.samples import write_atomic
+from harness.store.samples import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ without the caption padding mask (LANTERN calls its drafter without one).
 A head is made for one target: its width, head width, vocabulary, token grid and caption slots
 must match (`check_compatible` names both sides). Files: LANTERN's `config.json` +
 `pytorch_model.bin` (`load_lantern`), or this project's safetensors with the config in the metadata
-(`save_head` / `load_trained`, written by `python -m baselines.train_eagle`).
+(`save_head` / `load_trained`, written by `python -m baselines.training.train_eagle`).
 """
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def check_compatible(head: EagleHeadConfig, target: GPTConfig, where: str) -> No
         problems.append(f"caption slots {head.prefix_len} vs the target's {target.prefix_len}")
     if problems:
         raise WeightsError(f"the EAGLE head {where} does not fit this target: {'; '.join(problems)}. "
-                           "Use the head made for this model (or train one: python -m baselines.train_eagle)")
+                           "Use the head made for this model (or train one: python -m baselines.training.train_eagle)")
 
 
 # ----------------------------------------------------------------------------- files
@@ -263,7 +263,7 @@ def save_head(head: EagleHead, path: Path, info: Mapping[str, Any] | None = None
 
 
 def load_trained(path: Path) -> EagleHead:
-    """A head written by `save_head` (python -m baselines.train_eagle), loaded strictly."""
+    """A head written by `save_head` (python -m baselines.training.train_eagle), loaded strictly."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -271,7 +271,7 @@ def load_trained(path: Path) -> EagleHead:
         state = {k: f.get_tensor(k) for k in f.keys()}
     if HEAD_META not in meta:
         raise WeightsError(f"{path} has no '{HEAD_META}' metadata; not an EAGLE head written by "
-                           "python -m baselines.train_eagle")
+                           "python -m baselines.training.train_eagle")
     head = EagleHead(EagleHeadConfig.from_json(meta[HEAD_META]))
     load_strict(head, {k: v.float() for k, v in state.items()}, path, "EAGLE head")
     return head.eval()

@@ -15,7 +15,7 @@ AR-DTok's `clip_proj` (a biased linear map; unconditional rows are zero features
 applies LlamaGen's caption padding mask (a padded prefix slot is seen only by itself) to every later
 forward. The shapes world's GPT (word-id captions and more) extends this one: harness/shapes/gpt.py.
 
-Draft trees (EAGLE-2, baselines/tree_decoding.py): `setup_cache(..., scratch=m)` adds m scratch slots
+Draft trees (EAGLE-2, baselines/methods/tree_decoding.py): `setup_cache(..., scratch=m)` adds m scratch slots
 after the `slots` of the sequence, `forward_cached(..., slots=)` writes a forward's keys/values to
 given cache slots while its positions (rotary or absolute) stay the image positions, so that tree
 nodes of one depth share a position and each has a slot of its own, and `move_cache` copies the
@@ -23,63 +23,20 @@ entries of an accepted path to their positions' slots. Every forward keeps the l
 after the final norm of the positions it computed in `last_hidden` (the features an EAGLE head
 reads; no extra forward).
 
-Decode engine (harness/engine.py): `setup_cache` allocates the cache and the slot-causal mask table
+Decode engine (harness/runtime/engine.py): `setup_cache` allocates the cache and the slot-causal mask table
 once per shape and reuses them; `compile_cached` compiles the cached forward's layers (one graph
 per input shape) for `engine=compiled`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from harness.models.condition import TextCondition
+from harness.models.gpt_config import GPTConfig
 from harness.models.masks import attention_mask, hide
 from harness.models.transformer import KVCache, RMSNorm, TransformerBlock, rope_2d_table
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Architecture of one GPT. `grid` is (rows, cols) of image tokens."""
-
-    vocab_size: int
-    grid: tuple[int, int]
-    dim: int = 256
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int | None = None
-    multiple_of: int = 64
-    ffn_dim_multiplier: float | None = None
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
-    pos_embed: str = "rope2d"  # "rope2d" (LlamaGen) | "abs_pe" (Tar AR-DTok)
-    pos_embed_len: int | None = None  # rows of `abs_pe` (None: prefix_len + n_tokens - 1, as Tar)
-    prefix_rope: str = "identity"  # rotary table of the prefix slots: "identity" | "zero" (LlamaGen)
-    cond_embed: str = "caption_mlp"  # "caption_mlp" (LlamaGen cls_embedding) | "linear" (Tar clip_proj)
-    prefix_len: int = 16  # condition tokens (LlamaGen's cls_token_num)
-    caption_dim: int = 64  # width of the condition features fed to cls_embedding
-    dropout: float = 0.0
-    cond_dropout: float = 0.1  # probability of the unconditional embedding in training (CFG)
-    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "pos_embed": ("rope2d", "abs_pe"), "prefix_rope": ("identity", "zero"),
-        "cond_embed": ("caption_mlp", "linear")}
-
-    def __post_init__(self) -> None:
-        for key, options in self.OPTIONS.items():
-            if getattr(self, key) not in options:
-                raise ValueError(f"{key} must be one of {options}, got {getattr(self, key)!r}")
-        if self.dim % self.n_head:
-            raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
-
-    @property
-    def n_tokens(self) -> int:
-        return self.grid[0] * self.grid[1]
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
 
 
 class MLP(nn.Module):
@@ -342,3 +299,11 @@ class GPT(nn.Module):
 def causal_mask(positions: Tensor, prefix_len: int, slots: int) -> Tensor:
     """The default mask as an explicit tensor: image positions [B, T] -> [B, T, S] bool."""
     return attention_mask(positions + prefix_len, slots)
+
+
+def randomise_head(gpt: GPT, seed: int) -> GPT:
+    """Official init zeroes the output head; random test models need non-trivial logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        gpt.output.weight.copy_(torch.randn(gpt.output.weight.shape, generator=g) * 0.5 / gpt.cfg.dim**0.5)
+    return gpt

@@ -27,7 +27,7 @@ class TokenImageModel(nn.Module):
 
     The KV cache lives in the GPT; `forward` is the cached forward of the contract.
 
-    Draft trees and EAGLE heads (baselines/tree_decoding.py, baselines/eagle.py) read a little more:
+    Draft trees and EAGLE heads (baselines/methods/tree_decoding.py, baselines/methods/eagle.py) read a little more:
     `setup_cache(batch, scratch)`, `forward(..., slots=)` and `move_cache` (see GPT), `hidden` (the
     last forward's hidden states after the final norm, in the rows the model ran), `model_rows` /
     `guide` (the identity here; harness/models/guidance.py doubles and mixes the rows), `positional`

@@ -5,14 +5,11 @@ block. Parameter names follow LlamaGen (`attention.wqkv`, `attention.wo`, `feed_
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from harness.models.gpt import GPTConfig
+from harness.models.gpt_config import GPTConfig
 
 
 class RMSNorm(nn.Module):

@@ -15,10 +15,14 @@ Pixels: uint8 [B, 3, H, W] at the API boundary, [-1, 1] inside (LlamaGen's norma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from harness.models.hub import load_file_into
 
 
 @dataclass(frozen=True)
@@ -263,3 +267,19 @@ class VQModel(nn.Module):
         """int64 [B, h, w] -> uint8 [B, 3, 16h, 16w]."""
         x = self.decode_float(tokens).float().clamp(-1.0, 1.0)
         return ((x + 1.0) * 127.5).round().to(torch.uint8)
+
+
+def vq_config(vq: dict[str, Any] | None) -> VQConfig:
+    v = dict(vq or {})
+    if "channel_mult" in v:
+        v["channel_mult"] = tuple(v["channel_mult"])
+    return VQConfig(**v)
+
+
+def load_vq(cfg: VQConfig, path: Path | None, dtype: torch.dtype, trust_pickle: bool, seed: int) -> VQModel:
+    """The VQ-16 tokenizer from `path` (strict), or seeded random weights when `path` is None."""
+    torch.manual_seed(seed)
+    vq = VQModel(cfg)
+    if path is not None:
+        load_file_into(vq, path, "VQ-16 tokenizer", trust_pickle)
+    return vq.eval().to(dtype)

@@ -1,4 +1,4 @@
-"""From the merged summary rows (`harness.results.load`) to one value per table cell.
+"""From the merged summary rows (`harness.store.summary.load`) to one value per table cell.
 
 A cell is keyed by (model, decoder, swept keys..., metric key). When several runs give the same
 cell, the run whose directory sorts last wins (run directories are timestamped, so the newest) and a

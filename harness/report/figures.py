@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.report.rejections import rejection_heatmap
-from harness.samples import SampleSet, write_atomic
+from harness.store.samples import SampleSet, write_atomic
 
 log = logging.getLogger(__name__)
 

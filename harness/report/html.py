@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from harness.samples import write_atomic
+from harness.store.samples import write_atomic
 
 PAGE = "index.html"
 _STYLE = """

@@ -14,7 +14,7 @@ import pandas as pd
 
 from harness.report import figures
 from harness.report.figures import PAPER_SUFFIX, Panel, Point
-from harness.samples import SampleSet
+from harness.store.samples import SampleSet
 from harness.report.build import Row, Table, build_table
 from harness.report.specs import DPG_BENCH, FID, GENEVAL, HPSV2, SPEEDUP, TableSpec, spec_for, swept_label
 

@@ -26,14 +26,14 @@ from typing import Sequence
 
 import pandas as pd
 
-from harness import results
+from harness.store import summary
 from harness.report import html as report
 from harness.report.paper_reference import load_paper_numbers
 from harness.report.build import Table, build_table
 from harness.report.cells import with_derived_speedup
 from harness.report.render import FORMATS, to_html, to_markdown
 from harness.report.specs import TABLES, spec_for, tables_help
-from harness.samples import write_atomic
+from harness.store.samples import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
                figures: bool = True, pages: bool = True, paper_rows: bool = True,
                grid_images: int = 6) -> Regenerated:
     """Build and write the tables (and figures and reports) of the runs under `dirs` into `out`."""
-    frame = with_derived_speedup(results.load(dirs))
+    frame = with_derived_speedup(summary.load(dirs))
     facts = load_paper_numbers()
     done = Regenerated()
     for name in choose_tables(frame, requested):

@@ -25,7 +25,7 @@ def load(weights_dir: str | Path | None = None, drafter: bool = True, small_draf
          world: str = "x1", eagle_head: bool = True) -> ModelBundle:
     """Load the bundle from `weights_dir` (default: the weights of `world` shipped in the package,
     "x1" or "x2"), checking every file's sha256 against the manifest. `eagle_head`: attach the
-    target's EAGLE head (eagle_head.safetensors, trained by python -m baselines.train_eagle) when
+    target's EAGLE head (eagle_head.safetensors, trained by python -m baselines.training.train_eagle) when
     the folder has one."""
     if world not in WORLDS:
         raise ValueError(f"shapes world must be one of {sorted(WORLDS)}, got {world!r}")

@@ -1,6 +1,6 @@
 """The shapes world's GPT: the official architecture (harness/models/gpt.py) plus what the embedded
 world's small models need and official checkpoints never have. The random test bundle
-(harness/models/random_init.py) is one of these too (hashed word ids).
+(harness/models/random/bundle.py) is one of these too (hashed word ids).
 
 - `word_vocab` > 0: the model owns a word embedding; captions are word ids [B, P].
 - `word_pos`: a learned embedding per caption slot [P, caption_dim] added to the word embeddings.

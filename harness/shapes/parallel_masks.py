@@ -2,13 +2,13 @@
 
 ZipAR, and MuLo-SD's island-parallel resampler, decode a region of the grid row by row with a
 lag: the k-th region position of the region's j-th row is drawn at step j * window + k
-(baselines/islands.py). A query then sees every token outside the region and only the region
+(baselines/methods/islands.py). A query then sees every token outside the region and only the region
 tokens of earlier steps; the region tokens of later steps (the right part of the rows above) are
 hidden. A raster-trained GPT never saw such gaps (LPD, Zhang et al. 2025, trains on them). Here a
 fraction of each batch is trained with the gaps of a random region and window, the rest with the
 plain causal mask.
 
-The step rule is ZipAR's (baselines/zipar.py: on the whole grid the masks hide exactly what it has
+The step rule is ZipAR's (baselines/methods/zipar.py: on the whole grid the masks hide exactly what it has
 not decoded). The resampler's schedule differs in one place: its island's first position t0 is
 drawn by the verification, so the rest of the island's first row is ranked from 0 and runs one
 step ahead; for the first `window` positions of the island's second row these masks hide one more

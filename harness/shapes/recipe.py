@@ -19,7 +19,7 @@ Every stage checkpoints and resumes; rerunning the command after an interruption
 where it stopped. Stages already finished (their .safetensors exists) are skipped.
 
 With `--install`, the last stage trains the installed target's EAGLE head (EAGLE-2 and LANTERN,
-docs/eagle.md) with `python -m baselines.train_eagle` in a subprocess (the harness does not import
+docs/eagle.md) with `python -m baselines.training.train_eagle` in a subprocess (the harness does not import
 baselines/) and lists it in the manifest: EAGLE_HEADS; one thread each, about 25 minutes per world.
 
 Wall time on 2 CPU cores (from the logs of the shipped run): tokenizer 5 min; drafter 26 min at
@@ -146,7 +146,7 @@ WORLD_SHIPPED = {"x1": SHIPPED, "x2": SHIPPED_X2}
 BORROWED = {"x1": {}, "x2": {"tokenizer.safetensors": ("x1", "tokenizer.safetensors")}}
 
 
-# The EAGLE head of each world's target (python -m baselines.train_eagle, after the target is
+# The EAGLE head of each world's target (python -m baselines.training.train_eagle, after the target is
 # installed): x1 from scratch, x2 from the x1 head (a head has no position parameters of its own).
 EAGLE_HEADS: dict[str, dict[str, Any]] = {
     "x1": dict(steps=1000, batch_size=32, seed=0, threads=1),
@@ -163,7 +163,7 @@ def stage_eagle_head(out: Path, world: str, dest: Path) -> None:
     work = out / "eagle_head"
     work.mkdir(parents=True, exist_ok=True)
     init = spec.pop("init", None)
-    args = ["-m", "baselines.train_eagle", "--model", model, "--out", str(work / HEAD_FILE),
+    args = ["-m", "baselines.training.train_eagle", "--model", model, "--out", str(work / HEAD_FILE),
             *(f"--{k.replace('_', '-')}={v}" for k, v in spec.items()), f"model.weights_dir={dest}"]
     if init is not None:
         args.append(f"--init={WORLDS[init] / HEAD_FILE}")

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from harness import hostsync
+from harness.runtime import hostsync
 
 DOWNSAMPLE = 4
 COMMIT_BETA = 0.25

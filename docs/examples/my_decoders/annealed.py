@@ -1,5 +1,5 @@
 """Raster decoding with an annealed temperature: a new method written against the harness's
-contracts only (harness.api, harness.sampling, harness.seeding), run by `python -m harness`
+contracts only (harness.api, harness.runtime.sampling, harness.runtime.seeding), run by `python -m harness`
 through a Hydra `_target_` (docs/extending.md)."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Sequence
 import torch
 
 from harness.api import Condition, DecodeStats, Generation, ModelBundle, SamplingParams
-from harness.sampling import sample
-from harness.randomness import ImageStreams
+from harness.runtime.sampling import sample
+from harness.runtime.randomness import ImageStreams
 
 
 class AnnealedRaster:

@@ -1,0 +1,1 @@
+"""The speculative decoding framework: one loop and the parts a method composes it from."""

@@ -1,0 +1,1 @@
+"""Training code: the EAGLE head and the latent up-sampler on the shapes world."""

@@ -1,0 +1,1 @@
+"""Random model stacks for tests and smoke runs: seeded weights, a patch tokenizer, no files."""

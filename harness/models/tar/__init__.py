@@ -1,0 +1,1 @@
+"""Tar (csuhan/Tar): the AR-DTok bundle loader, the TA-Tok code embedding and the LLM stage."""

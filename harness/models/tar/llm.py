@@ -1,0 +1,128 @@
+"""Tar's first stage: a Qwen2.5 LLM (`csuhan/Tar-1.5B`, `csuhan/Tar-7B-v0.1`, through transformers,
+imported lazily) emits TA-Tok codes for a prompt; `TarConditioner` turns them into AR-DTok
+condition features. MuLo-SD does not touch this stage: it runs once per prompt and the target and
+the drafter share its output (the harness times it as `condition_s`).
+
+Prompting follows Tar's `t2i_inference.py`: the chat template (system "You are a helpful
+assistant.", the prompt as the user turn, generation prompt) followed by `<im_start><S{scale}>`;
+sampled with temperature 1, top-p 0.95, top-k 1200; codes are the `<I{n}>` tokens of the output,
+truncated or zero-padded to `seq_len` (729 / 169 / 81 for scale 0 / 1 / 2). Each prompt is sampled
+with its own seed (derived from `seed` and the prompt text) so that every decoder sees the same
+codes for the same prompt.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from typing import Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from harness.models.condition import TextCondition
+from harness.models.hub import WeightsError, dtype_of, snapshot
+from harness.models.tar.tatok import TATokCodeEmbedding
+
+log = logging.getLogger(__name__)
+
+_CODE = re.compile(r"<I(\d+)>")
+
+
+class CodeGenerator(Protocol):
+    """prompts -> TA-Tok codes [B, seq_len] int64."""
+
+    seq_len: int
+
+    def __call__(self, prompts: Sequence[str]) -> Tensor: ...
+
+
+def prompt_seed(seed: int, prompt: str) -> int:
+    """A stable 63-bit seed for one prompt."""
+    digest = hashlib.blake2b(f"{seed}\x00{prompt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def parse_codes(text: str, seq_len: int) -> list[int]:
+    """`<I123><I7>...` in generated text -> exactly `seq_len` codes (truncated / zero-padded, as Tar)."""
+    codes = [int(m) for m in _CODE.findall(text)][:seq_len]
+    return codes + [0] * (seq_len - len(codes))
+
+
+class TarLLM:
+    """Qwen2 causal LM of a Tar checkpoint, sampling TA-Tok codes."""
+
+    def __init__(self, repo_id: str = "csuhan/Tar-1.5B", local_path: str | None = None,
+                 cache_dir: str | None = None, scale: int = 0, seq_len: int = 729, dtype: str = "bf16",
+                 device: str | None = None, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 1200,
+                 seed: int = 0,
+                 system_prompt: str = "You are a helpful assistant.") -> None:
+        try:
+            from transformers import AutoTokenizer, Qwen2ForCausalLM
+        except ImportError as err:
+            raise ImportError("Tar's LLM stage needs transformers: pip install transformers") from err
+        folder = snapshot(repo_id, local_path, cache_dir)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(folder)
+            self.model = Qwen2ForCausalLM.from_pretrained(folder, torch_dtype=dtype_of(dtype)).eval()
+        except OSError as err:
+            raise WeightsError(f"cannot load the Tar LLM from {folder} (repo {repo_id}): {err}") from err
+        if device:
+            self.model.to(device)
+        self.scale, self.seq_len, self.seed, self.system_prompt = scale, seq_len, seed, system_prompt
+        self.sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
+
+    def to(self, device: torch.device | str) -> "TarLLM":
+        self.model.to(device)
+        return self
+
+    def _input(self, prompt: str) -> Tensor:
+        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text + f"<im_start><S{self.scale}>", return_tensors="pt").input_ids
+
+    @torch.inference_mode()
+    def __call__(self, prompts: Sequence[str]) -> Tensor:
+        """prompts -> codes [B, seq_len]; one seeded `generate` per prompt."""
+        device = next(self.model.parameters()).device
+        rows = []
+        for prompt in prompts:
+            ids = self._input(prompt).to(device)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(prompt_seed(self.seed, prompt))
+                out = self.model.generate(ids, max_new_tokens=self.seq_len, **self.sampling)
+            text = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
+            rows.append(parse_codes(text, self.seq_len))
+        return torch.tensor(rows, dtype=torch.long)
+
+
+class TinyCodeLM:
+    """A seeded random stand-in for the Tar LLM (tests, tiny stacks): codes drawn from a generator
+    seeded by the prompt."""
+
+    def __init__(self, codebook_size: int = 512, seq_len: int = 9, seed: int = 0) -> None:
+        self.codebook_size, self.seq_len, self.seed = codebook_size, seq_len, seed
+
+    def __call__(self, prompts: Sequence[str]) -> Tensor:
+        gens = [torch.Generator().manual_seed(prompt_seed(self.seed, p)) for p in prompts]
+        return torch.stack([torch.randint(0, self.codebook_size, (self.seq_len,), generator=g) for g in gens])
+
+
+class TarConditioner:
+    """prompts -> TextCondition with TA-Tok features [B, seq_len, hidden] (LLM stage + code embedding)."""
+
+    def __init__(self, llm: CodeGenerator, tatok: TATokCodeEmbedding) -> None:
+        self.llm = llm
+        self.tatok = tatok
+
+    def to(self, device: torch.device | str) -> "TarConditioner":
+        self.tatok.to(device)
+        if hasattr(self.llm, "to"):
+            self.llm.to(device)
+        return self
+
+    def __call__(self, prompts: Sequence[str]) -> TextCondition:
+        codes = self.llm(prompts)
+        feats = self.tatok(codes)
+        null = torch.zeros(len(prompts), dtype=torch.bool, device=feats.device)
+        return TextCondition(null=null, features=feats)

@@ -1,0 +1,194 @@
+"""A SampleSet's binding: what made its images, and when a stored binding still describes a run.
+
+`sample_binding` is what a decoder's SampleSet is bound to (binding.json): the model config and
+weights digest, the decoder's config, sampling, seed, engine and device type.
+
+Two bindings are equal when their JSON forms are. Decoders gain options over time (an acceptance
+rule's `below`, `confident`, ...), and a set stored before an option existed has no entry for it,
+while a run today binds the option's value. Comparing the raw forms would refuse every such set,
+and on a real model that throws away hours of GPU time for images the new code would draw the same
+way.
+
+So bindings are compared without their *defaulted* leaves: a key of a config node with a
+`_target_` whose value equals the default of that parameter in the target's signature (for
+`PooledThresholdRule(..., below: int = 0)`, `below: 0`). A set made before `below` existed and one
+made today with `below: 0` compare equal; one made with `below: 1` does not. This rests on one
+convention, stated in docs/extending.md: **a new option's default reproduces the decoder as it was
+before the option existed.** An option with no default, a node whose target cannot be imported, or a
+value other than the default always takes part in the comparison.
+
+Comparison reads `_target_` paths under the current layout (harness/moved.py), so a set bound before
+a module moved is still recognised. To read a signature the target is imported, and only a target
+within the project's packages (harness, baselines, evaluators) or a package the run itself
+instantiates is: a stored binding.json cannot make the harness import code of its choosing.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+
+from harness.moved import TARGET, canonical
+
+log = logging.getLogger(__name__)
+
+BINDING_FILE = "binding.json"
+BINDING_FORMAT = 1
+PROJECT_PACKAGES = frozenset({"harness", "baselines", "evaluators"})
+# Model config keys that say where or how weights are loaded, not which weights: left out of a
+# SampleSet's binding (the weights themselves are bound by their digest).
+_LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
+_ABSENT = object()
+_trusted: frozenset[str] = PROJECT_PACKAGES
+
+
+def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.device) -> dict[str, Any]:
+    """What a decoder's SampleSet is bound to: the model (config and weights digest), the decoder
+    configuration, sampling, seed, engine and device type. Timing-only keys (batch size, warm-up,
+    threads) and where the weights are read from are left out, so a resumed or sharded run with
+    other timing settings shares the set."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    return {
+        "format": BINDING_FORMAT,
+        "model": {"name": cfg.model.get("name", "model"), **_without(resolved["model"], _LOCATION_KEYS)},
+        "weights": weights,
+        "decoder": {"name": decoder, **resolved["decoder"][decoder]},
+        "sampling": _without(resolved["sampling"], frozenset({TARGET})),
+        "seed": cfg.seed,
+        "engine": str(cfg.get("engine") or "eager"),
+        "device": device.type,
+    }
+
+
+def _without(tree: Any, keys: frozenset[str]) -> Any:
+    """`tree` with every dict key in `keys` removed, at any depth."""
+    if isinstance(tree, dict):
+        return {k: _without(v, keys) for k, v in tree.items() if k not in keys}
+    return tree
+
+
+def trust_targets_of(cfg: Any) -> None:
+    """Allow signature reads of the packages whose targets the run's own config (`cfg`, a plain or
+    OmegaConf tree) instantiates, besides the project's: a user's rule from a config folder on the
+    search path is compared by its defaults too."""
+    global _trusted
+    plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    _trusted = PROJECT_PACKAGES | frozenset(path.split(".")[0] for path in _targets(plain))
+
+
+def _targets(tree: Any) -> Iterable[str]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == TARGET and isinstance(value, str):
+                yield value
+            else:
+                yield from _targets(value)
+    elif isinstance(tree, list):
+        for item in tree:
+            yield from _targets(item)
+
+
+def compared(tree: Any) -> Any:
+    """The view of a binding that bindings are compared in: targets under the current layout,
+    options at their defaults left out."""
+    return without_defaults(canonical(tree))
+
+
+def without_defaults(tree: Any) -> Any:
+    """`tree` (a binding or any part of it) with every key of a `_target_` node removed whose value
+    equals that parameter's default in the target's signature, at any depth."""
+    if isinstance(tree, list):
+        return [without_defaults(item) for item in tree]
+    if not isinstance(tree, dict):
+        return tree
+    target = tree.get(TARGET)
+    defaults = signature_defaults(target, _trusted) if isinstance(target, str) else {}
+    return {key: without_defaults(value) for key, value in tree.items()
+            if not (key in defaults and _json(value) == defaults[key])}
+
+
+@functools.lru_cache(maxsize=256)
+def signature_defaults(target: str, trusted: frozenset[str] = PROJECT_PACKAGES) -> dict[str, Any]:
+    """{parameter: default in JSON form} of the callable `target` names (dotted path); {} when it
+    cannot be imported or introspected, or lies outside the `trusted` top-level packages (then it is
+    never imported). Cached: read it, never write it."""
+    if target.split(".")[0] not in trusted:
+        return {}
+    try:
+        params = inspect.signature(get_object(target)).parameters.values()
+    except (ImportError, AttributeError, ValueError, TypeError):  # unknown or not introspectable
+        return {}
+    found = {}
+    for param in params:
+        if param.default is inspect.Parameter.empty:
+            continue
+        try:
+            found[param.name] = _json(param.default)
+        except TypeError:  # a default with no JSON form never matches a bound value
+            continue
+    return found
+
+
+def _json(value: Any) -> Any:
+    """`value` as it reads back from a binding file (tuples become lists, keys strings)."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def binding_differences(stored: dict[str, Any] | None, wanted: dict[str, Any],
+                        view: Callable[[Any], Any] | None = None) -> list[str]:
+    """'key: stored X, now Y' for every dotted leaf key whose value differs (in the views `view`
+    makes of both, when given; the values shown are the bindings' own)."""
+    old, new = _leaves(stored or {}), _leaves(wanted)
+    if view is None:
+        view_old, view_new = old, new
+    else:
+        view_old, view_new = _leaves(view(stored or {})), _leaves(view(wanted))
+    return [f"{key}: stored {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
+            for key in sorted(view_old.keys() | view_new.keys())
+            if view_old.get(key, _ABSENT) != view_new.get(key, _ABSENT)]
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts into {"a.b.c": leaf}; lists are leaves."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def refusal(root: Path, stored: dict[str, Any] | None, wanted: dict[str, Any],
+            view: Callable[[Any], Any] | None = None) -> str:
+    """The refusal of a generate stage into a set made under another configuration."""
+    if stored is None:
+        what = f"holds samples but no {BINDING_FILE}, so what made them is unknown"
+    else:
+        diffs = binding_differences(stored, wanted, view)
+        shown = "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        what = f"was generated under another configuration ({shown})"
+    return (f"sample set {root} {what}. Its images would be reused as if this run had made them. "
+            "Either write into a fresh directory (a new hydra.run.dir, or samples_dir=<new folder>), "
+            "or rerun with overwrite_samples=true to delete its samples and generate them again.")
+
+
+def warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, Any] | None) -> None:
+    """An evaluate-only run scores what the set holds: say so when its binding differs from this
+    job's decoder, sampling or seed (run.json records the stored binding under sample_sets)."""
+    if stored is None or "generate" in cfg.stages:
+        return
+    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), torch.device(str(stored.get("device", "cpu"))))
+    keys = ("decoder", "sampling", "seed", "model")
+    diffs = binding_differences({k: stored.get(k) for k in keys}, {k: now[k] for k in keys}, compared)
+    if diffs:
+        log.warning("[%s] the samples were made under another configuration than this job's (%s); "
+                    "the rows describe the stored samples (their binding is in run.json)",
+                    decoder, "; ".join(diffs[:5]))
