@@ -15,7 +15,10 @@
 A repetition runs condition -> decode -> tokens to pixels; the decode is the latency the speed
 evaluator reports. `Stopwatch` synchronises the device around each part and records wall time,
 the CPU time of the decoding thread (CPU devices: a thread that other processes keep off the CPU
-shows wall time without CPU time) and, on CUDA, the time between two CUDA events.
+shows wall time without CPU time), on CUDA the time between two CUDA events, and, where the kernel
+reports it (Linux `/proc/self/task/*/schedstat`), the time the process's threads ran and the time
+they were runnable but waited for a CPU: waiting is what another process's load costs a decode,
+and it is about 0 on a quiet machine whatever the decode's own variation (docs/methodology.md).
 
 Stats rows (stats.csv, one per image; timing columns repeat over a batch's images):
     timed               true for timed images, false for the untimed pass
@@ -23,6 +26,9 @@ Stats rows (stats.csv, one per image; timing columns repeat over a batch's image
     latency_reps_s      every repetition's decode wall time, space-separated, in decode order
     cpu_reps_s          CPU devices: the decoding thread's CPU time of each repetition
     device_reps_s       CUDA: the CUDA-event time of each repetition's decode
+    run_reps_s, wait_reps_s   where the kernel reports them: the seconds the process's threads
+                        ran, and waited runnable for a CPU, during each repetition's decode (summed
+                        over threads)
     condition_s, image_decode_s   medians over the repetitions
     peak_memory_bytes   CUDA: the allocator's peak during the batch's decodes; CPU: the process's
                         peak RSS so far
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import resource
 import statistics
 import time
@@ -108,22 +115,60 @@ class Job:
 @dataclass(frozen=True, slots=True)
 class Measure:
     """One timed call: wall seconds; the calling thread's CPU seconds (CPU devices, else None); the
-    CUDA-event seconds between its start and end (CUDA, else None)."""
+    CUDA-event seconds between its start and end (CUDA, else None); the seconds the process's
+    threads ran and waited runnable for a CPU (None where the kernel does not say)."""
 
     wall_s: float
     cpu_s: float | None = None
     device_s: float | None = None
+    run_s: float | None = None
+    wait_s: float | None = None
+
+
+SchedTimes = dict[int, tuple[int, int]]  # thread id -> (ns on a CPU, ns runnable but waiting)
+
+
+def scheduler_times() -> SchedTimes | None:
+    """The kernel's run and run-queue wait times of every thread of this process (ns), from
+    `/proc/self/task/<tid>/schedstat`; None where the kernel does not provide them."""
+    times: SchedTimes = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as handle:
+                fields = handle.read().split()
+        except OSError:  # the thread ended meanwhile, or no schedstat on this kernel
+            continue
+        if len(fields) >= 2:
+            times[int(tid)] = (int(fields[0]), int(fields[1]))
+    return times or None
+
+
+def _sched_delta(before: SchedTimes | None, after: SchedTimes | None) -> tuple[float | None, float | None]:
+    """(run seconds, wait seconds) of the process's threads between two readings, summed over
+    threads (a thread started in between counts from its start)."""
+    if before is None or after is None:
+        return None, None
+    run = sum(r - before.get(tid, (0, 0))[0] for tid, (r, _) in after.items())
+    wait = sum(w - before.get(tid, (0, 0))[1] for tid, (_, w) in after.items())
+    return max(run, 0) / 1e9, max(wait, 0) / 1e9
 
 
 class Stopwatch:
-    """Times calls with the device synchronised before and after. `wall` and `cpu` are the clocks
-    (perf_counter and the calling thread's CPU time); tests pass doubles."""
+    """Times calls with the device synchronised before and after. `wall`, `cpu` and `sched` are the
+    clocks (perf_counter, the calling thread's CPU time, the threads' scheduler times); tests pass
+    doubles."""
 
     def __init__(self, device: torch.device, wall: Callable[[], float] = time.perf_counter,
-                 cpu: Callable[[], float] = time.thread_time) -> None:
+                 cpu: Callable[[], float] = time.thread_time,
+                 sched: Callable[[], SchedTimes | None] = scheduler_times) -> None:
         self.device = device
         self.wall = wall
         self.cpu = cpu
+        self.sched = sched
 
     def time(self, fn: Callable[[], T]) -> tuple[T, Measure]:
         """Run `fn` and return its result with the Measure of the call."""
@@ -132,6 +177,7 @@ class Stopwatch:
         _sync(self.device)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0 = self.sched()
         w0, c0 = self.wall(), self.cpu()
         if start is not None:
             start.record()
@@ -140,8 +186,10 @@ class Stopwatch:
             end.record()
         _sync(self.device)
         w1, c1 = self.wall(), self.cpu()
+        run_s, wait_s = _sched_delta(s0, self.sched())
         device_s = start.elapsed_time(end) / 1000.0 if start is not None and end is not None else None
-        return out, Measure(wall_s=w1 - w0, cpu_s=None if cuda else c1 - c0, device_s=device_s)
+        return out, Measure(wall_s=w1 - w0, cpu_s=None if cuda else c1 - c0, device_s=device_s,
+                            run_s=run_s, wait_s=wait_s)
 
 
 def _sync(device: torch.device) -> None:
@@ -292,6 +340,8 @@ def _write_timed(job: Job, batch: list[SampleSpec], state: _Batch, batch_id: str
            "latency_reps_s": _reps([m.wall_s for m in decode]),
            "cpu_reps_s": _reps([m.cpu_s for m in decode]),
            "device_reps_s": _reps([m.device_s for m in decode]),
+           "run_reps_s": _reps([m.run_s for m in decode]),
+           "wait_reps_s": _reps([m.wait_s for m in decode]),
            "condition_s": statistics.median(state.condition or [math.nan]),
            "image_decode_s": statistics.median(state.image or [math.nan]),
            "peak_memory_bytes": state.peak}
