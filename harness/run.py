@@ -9,6 +9,7 @@ with its paired standard error, and warns about decoders whose `timing_noise` ex
 `timing.noise_threshold`."""
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import uuid
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness import engine, preflight, provenance, results
 from harness.results import paired_difference
@@ -29,7 +30,8 @@ from harness.binding import without_defaults
 from harness.datasets.prompts import select
 from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
-from harness.samples import NotWritableError, SampleSet, binding_differences, plan, write_atomic
+from harness.samples import (BINDING_FILE, BindingMismatchError, NotWritableError, SampleSet,
+                             binding_differences, plan, write_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +126,50 @@ def check_config(cfg: DictConfig) -> None:
     _build(cfg.sampling, drop=())  # SamplingParams checks its own fields
     if not isinstance(cfg.get("overwrite_samples", False), bool):
         raise ConfigValueError(f"overwrite_samples must be true or false, got {cfg.overwrite_samples!r}")
+    if not isinstance(cfg.get("report", True), bool):
+        raise ConfigValueError(f"report must be true or false, got {cfg.report!r}")
+    _check_swept_keys(cfg)
     samples_dir = cfg.get("samples_dir")
     if samples_dir is not None and (not isinstance(samples_dir, str) or Path(samples_dir).is_file()):
         raise ConfigValueError(f"samples_dir {samples_dir!r} is not a folder; point it at a folder "
                                "of per-decoder SampleSets (or null: <run dir>/samples)")
+
+
+def _check_swept_keys(cfg: DictConfig) -> None:
+    """Refuse a `swept_keys` that is not a list of this job's config keys naming single values (a
+    typo would add a column of that name holding nothing), suggesting close matches."""
+    keys = cfg.get("swept_keys")
+    if keys is None:
+        return
+    if not isinstance(keys, ListConfig):
+        raise ConfigValueError(f"swept_keys must be a list of config keys, got {keys!r}; e.g. "
+                               f"swept_keys=[{keys}]")
+    known = _leaf_keys(OmegaConf.to_container(cfg, resolve=False))
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise ConfigValueError(f"swept_keys holds {key!r}, not a config key; name keys such as "
+                                   "decoder.mulo_sd.accept.tau")
+        if key in known:
+            continue
+        inside = sorted(k for k in known if k.startswith(f"{key}.") and not k.endswith("._target_"))
+        if inside:
+            raise ConfigValueError(f"swept_keys names {key!r}, a config node, not a single value; name "
+                                   f"the keys that vary, e.g. {', '.join(inside[:4])}")
+        close = difflib.get_close_matches(key, sorted(k for k in known if not k.endswith("._target_")), n=3)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ConfigValueError(f"swept_keys names {key!r}, which is not a key of this job's configuration"
+                               f"{hint}. Correct it or remove it from swept_keys (a decoder's keys exist "
+                               "only when the decoder is selected)")
+
+
+def _leaf_keys(tree: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of the values of a config container (lists and empty nodes are values)."""
+    if not isinstance(tree, dict) or (not tree and prefix):
+        return {prefix} if prefix else set()
+    found: set[str] = set()
+    for key, value in tree.items():
+        found |= _leaf_keys(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
 
 
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
@@ -186,6 +228,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
                      timing=timing, device=device)
+    if "evaluate" in cfg.stages and "generate" not in cfg.stages:  # a generate stage bound them
+        for name, sample_set in sample_sets.items():  # before any row is written
+            _check_stored_labels(cfg, name, sample_set.root, sample_set.binding())
     bound: dict[str, Any] = {}  # decoder -> the binding of its SampleSet
     frames: list[pd.DataFrame] = []
     failures: list[str] = []
@@ -294,6 +339,89 @@ def _warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, An
         log.warning("[%s] the samples were made under another configuration than this job's (%s); "
                     "the rows describe the stored samples (their binding is in run.json)",
                     decoder, "; ".join(diffs[:5]))
+
+
+def _check_stored_labels(cfg: DictConfig, decoder: str, root: Path, stored: dict[str, Any] | None) -> None:
+    """An evaluate-only run labels its rows with the job's values of `swept_keys`: refuse when a key
+    that describes the decoder's images (sampling, seed, model, engine, its own options) holds
+    another value than the one the stored samples were made with (rows label what was scored), or
+    when the set has no binding to check it against (`_check_unbound`)."""
+    keys = [str(k) for k in cfg.get("swept_keys") or [] if _binding_key(str(k), decoder) is not None]
+    if stored is None:
+        _check_unbound(decoder, root, keys)
+        return
+    if not keys:
+        return
+    device = torch.device(str(stored.get("device", "cpu")))
+    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), device)
+    parts = ("decoder", "sampling", "seed", "model", "engine")
+    diffs = binding_differences({k: stored.get(k) for k in parts}, {k: now[k] for k in parts},
+                                without_defaults)
+    for key in keys:
+        bound_as = str(_binding_key(key, decoder))
+        # each difference reads "<binding key>: stored X, now Y"; a swept node covers its leaves
+        differ = [d for d in diffs if d.split(": stored ", 1)[0] == bound_as or d.startswith(f"{bound_as}.")]
+        if not differ:
+            continue
+        value = _dotted(stored, bound_as)
+        fix = (f"set {key}={_override(value)} (the stored value)" if value is not _ABSENT
+               else f"set {key} to its default (the set was made before the option existed)")
+        label = f"{key}={_override(OmegaConf.select(cfg, key))}"
+        raise BindingMismatchError(
+            f"swept_keys labels the rows of {decoder} with {label}, but the samples in {root} were made "
+            f"with another value ({'; '.join(differ[:3])}; {root / BINDING_FILE}): the rows would carry a "
+            f"value their images were not made with. To re-score these images, {fix}; to score that "
+            "value, generate its samples (stages=[generate,evaluate] with a fresh samples_dir)")
+
+
+def _check_unbound(decoder: str, root: Path, keys: list[str]) -> None:
+    """A set without binding.json: what made it is unknown. Refuse swept `keys` that would label
+    its images with values nothing can check; otherwise warn, naming the folder."""
+    if keys:
+        raise BindingMismatchError(
+            f"swept_keys labels the rows of {decoder} with {', '.join(keys)}, but the samples in {root} "
+            f"have no {BINDING_FILE} (made before bindings existed, or the file was removed): what made "
+            "them is unknown, so the labels cannot be checked. Regenerate the set so it is bound "
+            f"(stages=[generate,evaluate] samples_dir={root.parent} overwrite_samples=true), or score "
+            "it without those labels (swept_keys=[])")
+    log.warning("[%s] the samples in %s have no %s (made before bindings existed, or the file was "
+                "removed): the configuration that made them cannot be checked against this job's, and "
+                "the rows describe whatever the set holds. Regenerate it with overwrite_samples=true to "
+                "bind it", decoder, root, BINDING_FILE)
+
+
+_ABSENT = object()
+
+
+def _binding_key(key: str, decoder: str) -> str | None:
+    """The dotted key under which config key `key` is bound in `decoder`'s SampleSet binding
+    (sample_binding), or None when it does not describe that decoder's images (another decoder's
+    options, timing, where weights are read from)."""
+    head, _, rest = key.partition(".")
+    if head == "decoder":
+        name, _, option = rest.partition(".")
+        return f"decoder.{option}" if name == decoder and option else None
+    if head == "model":
+        return key if rest and not set(rest.split(".")) & _LOCATION_KEYS else None
+    return key if head == "sampling" or key in ("seed", "engine") else None
+
+
+def _dotted(tree: Any, key: str) -> Any:
+    """The value at dotted `key` of nested dicts, or _ABSENT."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
+def _override(value: Any) -> str:
+    """`value` as written in a command-line override."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def _check_shard_stages(cfg: DictConfig) -> None:
