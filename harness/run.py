@@ -7,6 +7,7 @@ job adds the rows that compare decoders with raster (harness/comparisons.py) and
 decoders whose `timing_noise` exceeds `timing.noise_threshold`."""
 from __future__ import annotations
 
+import difflib
 import logging
 import uuid
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness import moved, preflight
 from harness.api import ConfigValueError, Decoder, Evaluator, InputError, ModelBundle, SamplingParams, checked_number
@@ -25,7 +26,8 @@ from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
 from harness.runtime import engine
 from harness.store import provenance, summary
-from harness.store.binding import compared, sample_binding, trust_targets_of, warn_if_bound_elsewhere
+from harness.store.binding import (check_stored_labels, compared, sample_binding, trust_targets_of,
+                                   warn_if_bound_elsewhere)
 from harness.store.samples import NotWritableError, SampleSet, plan, write_atomic
 
 log = logging.getLogger(__name__)
@@ -115,10 +117,50 @@ def check_config(cfg: DictConfig) -> None:
     _build(cfg.sampling, drop=())  # SamplingParams checks its own fields
     if not isinstance(cfg.get("overwrite_samples", False), bool):
         raise ConfigValueError(f"overwrite_samples must be true or false, got {cfg.overwrite_samples!r}")
+    if not isinstance(cfg.get("report", True), bool):
+        raise ConfigValueError(f"report must be true or false, got {cfg.report!r}")
+    _check_swept_keys(cfg)
     samples_dir = cfg.get("samples_dir")
     if samples_dir is not None and (not isinstance(samples_dir, str) or Path(samples_dir).is_file()):
         raise ConfigValueError(f"samples_dir {samples_dir!r} is not a folder; point it at a folder "
                                "of per-decoder SampleSets (or null: <run dir>/samples)")
+
+
+def _check_swept_keys(cfg: DictConfig) -> None:
+    """Refuse a `swept_keys` that is not a list of this job's config keys naming single values (a
+    typo would add a column of that name holding nothing), suggesting close matches."""
+    keys = cfg.get("swept_keys")
+    if keys is None:
+        return
+    if not isinstance(keys, ListConfig):
+        raise ConfigValueError(f"swept_keys must be a list of config keys, got {keys!r}; e.g. "
+                               f"swept_keys=[{keys}]")
+    known = _leaf_keys(OmegaConf.to_container(cfg, resolve=False))
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise ConfigValueError(f"swept_keys holds {key!r}, not a config key; name keys such as "
+                                   "decoder.mulo_sd.accept.tau")
+        if key in known:
+            continue
+        inside = sorted(k for k in known if k.startswith(f"{key}.") and not k.endswith("._target_"))
+        if inside:
+            raise ConfigValueError(f"swept_keys names {key!r}, a config node, not a single value; name "
+                                   f"the keys that vary, e.g. {', '.join(inside[:4])}")
+        close = difflib.get_close_matches(key, sorted(k for k in known if not k.endswith("._target_")), n=3)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ConfigValueError(f"swept_keys names {key!r}, which is not a key of this job's configuration"
+                               f"{hint}. Correct it or remove it from swept_keys (a decoder's keys exist "
+                               "only when the decoder is selected)")
+
+
+def _leaf_keys(tree: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of the values of a config container (lists and empty nodes are values)."""
+    if not isinstance(tree, dict) or (not tree and prefix):
+        return {prefix} if prefix else set()
+    found: set[str] = set()
+    for key, value in tree.items():
+        found |= _leaf_keys(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
 
 
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
@@ -179,6 +221,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
                      timing=timing, device=device)
+    if "evaluate" in cfg.stages and "generate" not in cfg.stages:  # a generate stage bound them
+        for name, sample_set in sample_sets.items():  # before any row is written
+            check_stored_labels(cfg, name, sample_set.root, sample_set.binding())
     bound: dict[str, Any] = {}  # decoder -> the binding of its SampleSet
     frames: list[pd.DataFrame] = []
     failures: list[str] = []

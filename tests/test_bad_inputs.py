@@ -63,6 +63,10 @@ CONFIG_CASES = [
     (["stages=[]"], ["stages", "empty"]),
     (["stages=[generate,generate]"], ["stages", "repeats"]),
     (["overwrite_samples=maybe"], ["overwrite_samples", "true or false"]),
+    (["report=no"], ["report", "true or false", "'no'"]),
+    (["swept_keys=[sampling.temprature]"], ["swept_keys", "'sampling.temprature'", "sampling.temperature"]),
+    (["swept_keys=[sampling]"], ["swept_keys", "'sampling'", "not a single value", "sampling.temperature"]),
+    (["swept_keys=sampling.temperature"], ["swept_keys", "list", "swept_keys=[sampling.temperature]"]),
     (["decoder=[]"], ["no decoder", "decoder=[raster"]),
     (["decoder=[rastr,raster]"], ["unknown decoder", "'rastr'", "mulo_sd", "raster"]),
     (["evaluator=[spd]"], ["unknown evaluator", "'spd'", "speed", "geneval_shapes"]),
@@ -271,6 +275,73 @@ def test_evaluate_reads_a_corrupt_image(tmp_path: Path, capsys: pytest.CaptureFi
     assert status == EXIT_INPUT_ERROR and png.stem in err
 
 
+def test_record_path_that_misses_its_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record whose `path` does not lead to its image fails the completeness check (it used to
+    pass it and be skipped by the evaluators, which then scored 3 of 4 planned images)."""
+    assert outcome(tmp_path, ["decoder=[raster]", "stages=[generate]"], capsys)[0] == 0
+    samples = tmp_path / "run" / "samples"
+    record = sorted((samples / "raster" / "records").glob("*.json"))[0]
+    data = json.loads(record.read_text())
+    data["path"] = "images/elsewhere.png"
+    record.write_text(json.dumps(data))
+    status, err = outcome(
+        tmp_path / "e", ["decoder=[raster]", "stages=[evaluate]", f"samples_dir={samples}"], capsys
+    )
+    assert status == EXIT_INPUT_ERROR, err
+    assert str(record) in err and "images/elsewhere.png" in err and "stages=[generate]" in err
+
+
+def _stored_set(tmp_path: Path, capsys: pytest.CaptureFixture[str], decoder: str = "raster") -> Path:
+    """A SampleSet of `decoder` generated at the defaults (the random model's temperature 1.0)."""
+    overrides = [f"decoder=[{decoder}]", "evaluator=[speed]", "stages=[generate]"]
+    status, err = outcome(tmp_path, overrides, capsys)
+    assert status == 0, err
+    return tmp_path / "run" / "samples"
+
+
+@pytest.mark.parametrize(
+    "decoder,key,stored,other",
+    [("raster", "sampling.temperature", "1.0", "0.5"),
+     ("mulo_sd", "decoder.mulo_sd.accept.tau", "0.1", "0.4")],
+)
+def test_rescored_sweep_keeps_the_images_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], decoder: str, key: str, stored: str, other: str
+) -> None:
+    """stages=[evaluate] with a swept key set to another value than the set's images were made with
+    is refused (its rows would carry the job's value); at the stored value the label is the images'."""
+    samples = _stored_set(tmp_path, capsys, decoder)
+    base = [f"decoder=[{decoder}]", "evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}",
+            f"swept_keys=[{key}]"]
+    status, err = outcome(tmp_path / "e", [*base, f"{key}={other}"], capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert f"swept_keys labels the rows of {decoder} with {key}={other}" in err and f"stored {stored}" in err
+    assert str(samples / decoder / "binding.json") in err and f"set {key}={stored}" in err
+    assert not (tmp_path / "e" / "run" / "summary.csv").exists()
+    status, err = outcome(tmp_path / "ok", base, capsys)
+    assert status == 0, err
+    summary = pd.read_csv(tmp_path / "ok" / "run" / "summary.csv")
+    assert set(summary[key]) == {float(stored)}
+
+
+def test_unbound_set_is_named_and_gets_no_invented_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A set without binding.json is scored with a warning naming its folder; swept keys, which
+    would label its rows with values nothing can check, are refused."""
+    samples = _stored_set(tmp_path, capsys)
+    (samples / "raster" / "binding.json").unlink()
+    base = ["decoder=[raster]", "evaluator=[speed]", "stages=[evaluate]", f"samples_dir={samples}"]
+    caplog.clear()
+    status, err = outcome(tmp_path / "plain", [*base, "sampling.temperature=0.5"], capsys)
+    assert status == 0, err
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(str(samples / "raster") in m and "cannot be checked" in m for m in warned), warned
+    status, err = outcome(tmp_path / "swept", [*base, "swept_keys=[sampling.temperature]"], capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert "swept_keys" in err and "sampling.temperature" in err and "binding.json" in err
+    assert str(samples / "raster") in err and "overwrite_samples=true" in err
+
+
 # --- results files -----------------------------------------------------------------------------
 
 
@@ -300,6 +371,8 @@ def _results_cli(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         ("empty", ["not a readable CSV"]),
         ("not_utf8", ["not a readable CSV"]),
         ("meta_corrupt", ["summary.meta.json", "corrupt"]),
+        ("edited_same_rows", ["sha256", "summary.meta.json", "changed after"]),
+        ("cut_mid_row_without_sidecar", ["line break", "cut short"]),
     ],
 )
 def test_bad_summary_file(
@@ -327,6 +400,12 @@ def test_bad_summary_file(
         path.write_text("")
     elif damage == "not_utf8":
         path.write_bytes(b"\xff\xfe\x00garbage\n")
+    elif damage == "edited_same_rows":  # one number changed, the row count kept
+        frame.loc[0, "value"] = "0.001"
+        frame.to_csv(path, index=False)
+    elif damage == "cut_mid_row_without_sidecar":  # the last row loses its empty ci cells: parses alike
+        path.with_name("summary.meta.json").unlink()
+        path.write_text(path.read_text()[:-3])
     else:
         path.with_name("summary.meta.json").write_text("[")
     code, err = _results_cli(path, capsys)
@@ -334,6 +413,23 @@ def test_bad_summary_file(
     assert str(path) in err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_summary_without_sidecar_is_read_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without summary.meta.json a cut on a line end cannot be told from a shorter table: the
+    table is read, and a warning names the file and says its rows cannot be verified."""
+    path = _summary(tmp_path, capsys)
+    path.with_name("summary.meta.json").unlink()
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))  # one row fewer, cut on a line end
+    caplog.clear()
+    code, err = _results_cli(path, capsys)
+    assert code == 0, err
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    named = [m for m in warned if str(path) in m and "cannot be verified" in m and "stages=[evaluate]" in m]
+    assert named, warned
 
 
 def test_summary_rows_are_counted_when_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

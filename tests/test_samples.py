@@ -186,6 +186,26 @@ def test_corrupt_png_of_right_size_is_detected(tmp_path: Path) -> None:
     assert [s.sample_id for s in samples.pending(specs)] == [specs[0].sample_id]
 
 
+@pytest.mark.parametrize("path", ["images/elsewhere.png", "images/{other}.png", None])
+def test_record_path_must_lead_to_its_image(tmp_path: Path, path: str | None) -> None:
+    """A record naming another file (even another sample's image, which exists) or none is not a
+    complete sample: the completeness check names the record file, and the generate stage redoes it."""
+    specs = plan(_prompts(3), 1, global_seed=0)
+    samples = SampleSet(tmp_path)
+    _generate(samples, specs)
+    record_path = samples.record_path(specs[1].sample_id)
+    record = json.loads(record_path.read_text())
+    record["path"] = None if path is None else path.format(other=specs[2].sample_id)
+    record_path.write_text(json.dumps(record))
+    assert samples.missing(specs) == [specs[1].sample_id]
+    with pytest.raises(IncompleteSampleSetError) as error:
+        samples.require_complete(specs)
+    assert str(record_path) in str(error.value) and repr(record["path"]) in str(error.value)
+    assert _generate(samples, specs) == 1
+    samples.require_complete(specs)
+    assert len(samples.records()) == 3
+
+
 def test_round_trip_records_stats_prompts_images(tmp_path: Path) -> None:
     prompts = _prompts(3)
     specs = plan(prompts, 2, global_seed=5)

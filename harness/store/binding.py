@@ -35,6 +35,7 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from harness.api import InputError
 from harness.moved import TARGET, canonical
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,11 @@ PROJECT_PACKAGES = frozenset({"harness", "baselines", "evaluators"})
 _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
 _ABSENT = object()
 _trusted: frozenset[str] = PROJECT_PACKAGES
+
+
+class BindingMismatchError(InputError, ValueError):
+    """A SampleSet holds samples made under another configuration than the one asking to add to it,
+    or than the one a run labels its rows with."""
 
 
 def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.device) -> dict[str, Any]:
@@ -192,3 +198,83 @@ def warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, Any
         log.warning("[%s] the samples were made under another configuration than this job's (%s); "
                     "the rows describe the stored samples (their binding is in run.json)",
                     decoder, "; ".join(diffs[:5]))
+
+
+def check_stored_labels(cfg: DictConfig, decoder: str, root: Path, stored: dict[str, Any] | None) -> None:
+    """An evaluate-only run labels its rows with the job's values of `swept_keys`: refuse when a key
+    that describes the decoder's images (sampling, seed, model, engine, its own options) holds
+    another value than the one the stored samples were made with (rows label what was scored), or
+    when the set has no binding to check it against (`_check_unbound`)."""
+    keys = [str(k) for k in cfg.get("swept_keys") or [] if _binding_key(str(k), decoder) is not None]
+    if stored is None:
+        _check_unbound(decoder, root, keys)
+        return
+    if not keys:
+        return
+    device = torch.device(str(stored.get("device", "cpu")))
+    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), device)
+    parts = ("decoder", "sampling", "seed", "model", "engine")
+    diffs = binding_differences({k: stored.get(k) for k in parts}, {k: now[k] for k in parts},
+                                compared)
+    for key in keys:
+        bound_as = str(_binding_key(key, decoder))
+        # each difference reads "<binding key>: stored X, now Y"; a swept node covers its leaves
+        differ = [d for d in diffs if d.split(": stored ", 1)[0] == bound_as or d.startswith(f"{bound_as}.")]
+        if not differ:
+            continue
+        value = _dotted(stored, bound_as)
+        fix = (f"set {key}={_override(value)} (the stored value)" if value is not _ABSENT
+               else f"set {key} to its default (the set was made before the option existed)")
+        label = f"{key}={_override(OmegaConf.select(cfg, key))}"
+        raise BindingMismatchError(
+            f"swept_keys labels the rows of {decoder} with {label}, but the samples in {root} were made "
+            f"with another value ({'; '.join(differ[:3])}; {root / BINDING_FILE}): the rows would carry a "
+            f"value their images were not made with. To re-score these images, {fix}; to score that "
+            "value, generate its samples (stages=[generate,evaluate] with a fresh samples_dir)")
+
+
+def _check_unbound(decoder: str, root: Path, keys: list[str]) -> None:
+    """A set without binding.json: what made it is unknown. Refuse swept `keys` that would label
+    its images with values nothing can check; otherwise warn, naming the folder."""
+    if keys:
+        raise BindingMismatchError(
+            f"swept_keys labels the rows of {decoder} with {', '.join(keys)}, but the samples in {root} "
+            f"have no {BINDING_FILE} (made before bindings existed, or the file was removed): what made "
+            "them is unknown, so the labels cannot be checked. Regenerate the set so it is bound "
+            f"(stages=[generate,evaluate] samples_dir={root.parent} overwrite_samples=true), or score "
+            "it without those labels (swept_keys=[])")
+    log.warning("[%s] the samples in %s have no %s (made before bindings existed, or the file was "
+                "removed): the configuration that made them cannot be checked against this job's, and "
+                "the rows describe whatever the set holds. Regenerate it with overwrite_samples=true to "
+                "bind it", decoder, root, BINDING_FILE)
+
+
+def _binding_key(key: str, decoder: str) -> str | None:
+    """The dotted key under which config key `key` is bound in `decoder`'s SampleSet binding
+    (sample_binding), or None when it does not describe that decoder's images (another decoder's
+    options, timing, where weights are read from)."""
+    head, _, rest = key.partition(".")
+    if head == "decoder":
+        name, _, option = rest.partition(".")
+        return f"decoder.{option}" if name == decoder and option else None
+    if head == "model":
+        return key if rest and not set(rest.split(".")) & _LOCATION_KEYS else None
+    return key if head == "sampling" or key in ("seed", "engine") else None
+
+
+def _dotted(tree: Any, key: str) -> Any:
+    """The value at dotted `key` of nested dicts, or _ABSENT."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
+def _override(value: Any) -> str:
+    """`value` as written in a command-line override."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

@@ -35,7 +35,7 @@ from PIL import Image
 
 from harness.api import InputError, Prompt
 from harness.runtime.seeding import image_seed
-from harness.store.binding import BINDING_FILE, binding_differences, refusal
+from harness.store.binding import BINDING_FILE, BindingMismatchError, binding_differences, refusal
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,6 @@ class CorruptImageError(InputError, OSError):
 
 class SampleMismatchError(InputError, ValueError):
     """A stored sample was generated for a different prompt text or seed than the plan asks for."""
-
-
-class BindingMismatchError(InputError, ValueError):
-    """A SampleSet holds samples made under another configuration than the one asking to add to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,15 +273,21 @@ class SampleSet:
         return [spec.sample_id for spec in specs if self._incomplete_reason(spec) is not None]
 
     def require_complete(self, specs: Sequence[SampleSpec]) -> None:
-        """Raise IncompleteSampleSetError, listing missing ids, unless every spec is complete."""
-        missing = self.missing(specs)
-        if not missing:
+        """Raise IncompleteSampleSetError, listing missing ids and why the first damaged samples
+        (present but unusable) are, unless every spec is complete."""
+        reasons = {spec.sample_id: reason for spec in specs
+                   if (reason := self._incomplete_reason(spec)) is not None}
+        if not reasons:
             return
+        missing = list(reasons)
         shown = ", ".join(missing[:20]) + (", ..." if len(missing) > 20 else "")
+        damaged = [f"{sample_id}: {reason}" for sample_id, reason in reasons.items()
+                   if reason != "not generated"]
+        detail = f" Damaged: {'; '.join(damaged[:3])}." if damaged else ""
         raise IncompleteSampleSetError(
             f"sample set {self.root} is incomplete: {len(missing)} of {len(specs)} planned samples "
-            f"are missing or corrupt ({shown}). Run the generate stage (stages=[generate]) to "
-            "finish it, or point samples_dir at a complete set."
+            f"are missing or corrupt ({shown}).{detail} Run the generate stage (stages=[generate]) "
+            "to finish it (it regenerates these), or point samples_dir at a complete set."
         )
 
     def write(self, spec: SampleSpec, image: np.ndarray, stats: dict[str, Any]) -> None:
@@ -395,6 +397,9 @@ class SampleSet:
         if record is None:
             return "image without record" if image.exists() else "not generated"
         _check_matches(self.root, record, spec)
+        if not self._leads_to(record.get("path"), image):
+            return (f"its record {self.record_path(spec.sample_id)} gives path {record.get('path')!r}, "
+                    f"which does not lead to its image {image.relative_to(self.root)}")
         if not image.is_file():
             return "record without image"
         if image.stat().st_size != record["png_bytes"]:
@@ -405,6 +410,13 @@ class SampleSet:
         except _PIL_ERRORS as exc:
             return f"image is corrupt: {exc}"
         return None
+
+    def _leads_to(self, path: object, image: Path) -> bool:
+        """Whether a record's `path` (relative to root) names the file `image`: the evaluators read
+        the image through the record, so a record pointing elsewhere is not a complete sample."""
+        if not isinstance(path, str) or not path:
+            return False
+        return os.path.normpath(self.root / path) == os.path.normpath(image)
 
     def _read_record(self, sample_id: str) -> dict[str, Any] | None:
         """The parsed record of `sample_id`, or None when it is missing or unreadable."""
@@ -432,8 +444,9 @@ class SampleSet:
             record = self._read_record(path.stem)
             if record is None:
                 continue
-            image = self.root / record["path"]
-            if not image.is_file() or image.stat().st_size != record["png_bytes"]:
+            image = self.image_path(path.stem)
+            if (not self._leads_to(record.get("path"), image) or not image.is_file()
+                    or image.stat().st_size != record["png_bytes"]):
                 log.warning("sample %s has no complete image at %s; skipping it", path.stem, image)
                 continue
             records.append(record)

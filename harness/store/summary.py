@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import math
 import os
 import sys
@@ -20,6 +21,8 @@ import pandas as pd
 
 from harness.api import METRIC_COLUMNS, InputError
 from harness.store.samples import write_atomic
+
+log = logging.getLogger(__name__)
 
 SUMMARY_NAME = "summary.csv"
 META_NAME = "summary.meta.json"  # row count and sha256 of summary.csv, written with it
@@ -67,7 +70,10 @@ def read_summary(path: Path | str) -> pd.DataFrame:
 
     Checks: it parses as CSV; it has the METRIC_COLUMNS; `value` and `stderr` are numbers (NaN
     allowed), `n` is a whole number, `higher_is_better` is true/false, `metric` is never empty; and,
-    when the sidecar summary.meta.json exists, the row count recorded when it was written.
+    when the sidecar summary.meta.json exists, the row count and sha256 recorded when it was
+    written (`_check_unchanged`). Without the sidecar, a file that does not end with a line break
+    is refused (cut inside a row); a cut on a line end cannot be told from a shorter table, so such
+    a table is read with a warning that its rows cannot be verified.
 
     Raises:
         SummaryFileError: naming the file and what is wrong with it.
@@ -83,11 +89,31 @@ def read_summary(path: Path | str) -> pd.DataFrame:
     if missing:
         raise SummaryFileError(f"{path} is not a summary table: it lacks the columns {missing}; {fix}")
     _check_column_types(path, frame, fix)
-    meta = _read_meta(path)
-    if meta is not None and meta.get("rows") != len(frame):
-        raise SummaryFileError(f"{path} has {len(frame)} rows but {meta.get('rows')} were written "
-                               f"({path.with_name(META_NAME).name}): it was truncated or cut short; {fix}")
+    _check_unchanged(path, frame, fix)
     return frame
+
+
+def _check_unchanged(path: Path, frame: pd.DataFrame, fix: str) -> None:
+    """SummaryFileError unless `path` (read as `frame`) is the table its sidecar recorded: the same
+    row count and the same bytes (sha256). Without a sidecar only a missing final line break shows
+    a cut (pandas reads a row cut among its last cells without a word); the rest is unverifiable,
+    and said so in a warning."""
+    meta = _read_meta(path)
+    data = path.read_bytes()
+    if meta is None:
+        if not data.endswith(b"\n"):
+            raise SummaryFileError(f"{path} does not end with a line break: it was cut short inside its "
+                                   f"last row, and it has no {META_NAME} to check it against; {fix}")
+        log.warning("%s has no %s: its rows cannot be verified (a table cut on a line end reads as a "
+                    "shorter one); %s", path, META_NAME, fix)
+        return
+    if meta.get("rows") != len(frame):
+        raise SummaryFileError(f"{path} has {len(frame)} rows but {meta.get('rows')} were written "
+                               f"({META_NAME}): it was truncated or cut short; {fix}")
+    if "sha256" in meta and hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise SummaryFileError(f"{path} was changed after it was written: its sha256 is not the one "
+                               f"{META_NAME} recorded (same row count, other content); {fix}. To read an "
+                               f"edited table on purpose, delete {META_NAME}: it is then read unverified")
 
 
 def _check_column_types(path: Path, frame: pd.DataFrame, fix: str) -> None:
