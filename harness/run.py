@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from hydra.errors import HydraException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,7 +31,7 @@ from harness.binding import without_defaults
 from harness.datasets.prompts import select
 from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
-from harness.samples import NotWritableError, SampleSet, binding_differences, plan, write_atomic
+from harness.samples import BINDING_FILE, NotWritableError, SampleSet, binding_differences, plan, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +45,21 @@ CI_LEVEL = 0.95
 _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
 
 
+_ABSENT = object()  # OmegaConf.select's answer for a key a node does not have
+_FILE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"  # a plain file name: no folder, not hidden, no ".."
+
+
 class EvaluationFailedError(RuntimeError):
     """One or more evaluators failed; the rows of the others were written."""
 
 
 def _build(node: DictConfig, drop: tuple[str, ...] = ("name",)) -> Any:
     """Instantiate a config node without its informational keys (`name`; a model's `sampling`
-    holds its recommended sampling defaults, which `conf/config.yaml` reads; `requires` and
-    `provides` are read by harness/preflight.py)."""
+    holds its recommended sampling defaults, which `conf/config.yaml` reads; `requires`,
+    `provides` and `needs_metadata` are read by harness/preflight.py)."""
     conf = OmegaConf.to_container(node, resolve=True)
     assert isinstance(conf, dict)
-    for key in (*drop, "requires", "provides"):
+    for key in (*drop, "requires", "provides", "needs_metadata"):
         conf.pop(key, None)
     return instantiate(conf)
 
@@ -84,9 +90,76 @@ def _decoders(cfg: DictConfig) -> dict[str, DictConfig]:
     return {str(k): v for k, v in chosen.items()}
 
 
+def build_decoder(name: str, node: DictConfig) -> Decoder:
+    """Instantiate decoder `name` from its config node. An option its classes refuse (ValueError,
+    TypeError: a wrong type or range) becomes a ConfigValueError naming the option by its full key,
+    decoder.<name>.<key>, where Hydra's error names it relative to the inner node (`accept.k`).
+
+    Raises:
+        ConfigValueError: the refused option with its value and the refusal.
+    """
+    try:
+        return _build(node)
+    except Exception as err:  # noqa: BLE001 - re-raised unless an option was refused
+        refusal = _innermost(err)
+        if not isinstance(refusal, (ValueError, TypeError)):
+            raise
+        text, relative = str(refusal), _refused_key(node, _instantiated_node(err), str(refusal))
+        where = f"decoder.{name}"
+        if relative:  # the refusal's own "decoder <key>" gives way to the full key and the value
+            where = f"{where}.{relative}={OmegaConf.select(node, relative)}"
+            text = re.sub(rf"^decoder (?:\w+ )?{re.escape(relative)} ", "", text)
+        raise ConfigValueError(f"{where}: {text}; give a valid value (the decoder's options are "
+                               f"documented in its config file, decoder/{name}.yaml)") from err
+
+
+def _innermost(err: BaseException) -> BaseException:
+    """What the decoder's class raised inside Hydra: the first error of `err`'s cause chain that is
+    not Hydra's wrapping of it."""
+    while isinstance(err, HydraException) and err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+def _instantiated_node(err: BaseException) -> str:
+    """The node Hydra was instantiating when `err` arose, relative to the decoder ("" = its root):
+    the `full_key:` line of Hydra's InstantiationException."""
+    found = re.search(r"\nfull_key: (\S+)", str(err))
+    return found.group(1) if found else ""
+
+
+def _refused_key(node: DictConfig, inner: str, message: str) -> str | None:
+    """The option of `node` (a dotted key relative to it) that `message` refuses, or None.
+
+    Decoders name their options in refusals as "decoder <key> ..." (`decoder accept.k (pooled) must
+    be ...`); failing that, the one option of the node being instantiated (`inner`) whose value the
+    message quotes (`invalid literal for int() with base 10: 'wide'`) is taken."""
+    named = re.match(r"decoder (?:\w+ )?([\w.]+)", message)
+    if named and OmegaConf.select(node, named.group(1), default=_ABSENT) is not _ABSENT:
+        return named.group(1)
+    sub = OmegaConf.select(node, inner) if inner else node
+    if not isinstance(sub, DictConfig):
+        return None
+    quoted = [key for key, value in sub.items()
+              if key != "_target_" and not isinstance(value, (DictConfig, bool)) and value is not None
+              and (repr(value) in message if isinstance(value, str) else f"got {value!r}" in message)]
+    return f"{inner}.{quoted[0]}".lstrip(".") if len(quoted) == 1 else None
+
+
 def _evaluators(cfg: DictConfig, names: list[str]) -> list[Evaluator]:
-    """The evaluators `names` (those the preflight plan keeps), instantiated."""
-    return [_build(node, drop=()) for name, node in (cfg.get("evaluator") or {}).items() if name in names]
+    """The evaluators `names` (those the preflight plan keeps), instantiated.
+
+    Raises:
+        ConfigValueError: an evaluator's `name` is not a plain file name (per_sample/<decoder>/<name>.csv).
+    """
+    built = {key: _build(node, drop=()) for key, node in (cfg.get("evaluator") or {}).items() if key in names}
+    for key, evaluator in built.items():
+        if not isinstance(evaluator.name, str) or not re.fullmatch(_FILE_NAME, evaluator.name):
+            raise ConfigValueError(
+                f"evaluator.{key}.name must be a plain file name (letters, digits, _ . + -, not starting "
+                f"with '.'), got {evaluator.name!r}: it names per_sample/<decoder>/<name>.csv; e.g. "
+                f"evaluator.{key}.name={key}")
+    return list(built.values())
 
 
 def _timing(cfg: DictConfig) -> Timing:
@@ -97,6 +170,10 @@ def _timing(cfg: DictConfig) -> Timing:
 
 def check_config(cfg: DictConfig) -> None:
     """Refuse run-level config values of the wrong type or range, naming the key and the fix."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:  # `???` in a config file: a value only the user can give (dataset.path)
+        raise ConfigValueError(f"{', '.join(missing)} must be set (the config leaves it open: ???); add "
+                               f"{' '.join(f'{key}=<value>' for key in missing)} to the command line")
     if not isinstance(cfg.get("name"), str) or not cfg.name:
         raise ConfigValueError(f"name must be a non-empty string, got {cfg.get('name')!r}")
     checked_number("seed", cfg.seed, integer=True)
@@ -115,6 +192,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigValueError(f"engine must be one of {engine.ENGINES}, got {cfg.get('engine')!r}")
     if not isinstance(cfg.device, str):
         raise ConfigValueError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    _check_device_name(cfg.device)
     stages = list(cfg.get("stages") or [])
     unknown = [s for s in stages if s not in STAGES]
     if not stages or unknown or len(set(stages)) != len(stages):
@@ -128,6 +206,29 @@ def check_config(cfg: DictConfig) -> None:
     if samples_dir is not None and (not isinstance(samples_dir, str) or Path(samples_dir).is_file()):
         raise ConfigValueError(f"samples_dir {samples_dir!r} is not a folder; point it at a folder "
                                "of per-decoder SampleSets (or null: <run dir>/samples)")
+    inside = _sample_set_files(Path(samples_dir)) if isinstance(samples_dir, str) else []
+    if inside:  # one level too deep: the sets would be looked for (or made) inside this set
+        raise ConfigValueError(
+            f"samples_dir {samples_dir} is itself a SampleSet (it holds {' and '.join(inside)}); "
+            "samples_dir names the folder of per-decoder SampleSets, so pass its parent: "
+            f"samples_dir={Path(samples_dir).parent}")
+
+
+def _check_device_name(name: str) -> None:
+    """ConfigValueError unless `name` is auto or a device torch knows (cpu, cuda, cuda:N, ...)."""
+    if name == "auto":
+        return
+    try:
+        torch.device(name)
+    except RuntimeError as err:
+        raise ConfigValueError(f"device={name} is not a device torch knows; use device=auto, cpu, "
+                               "cuda or cuda:N") from err
+
+
+def _sample_set_files(folder: Path) -> list[str]:
+    """What makes `folder` a SampleSet itself (its binding.json, its records/ folder), if anything."""
+    found = [BINDING_FILE] if (folder / BINDING_FILE).is_file() else []
+    return found + (["records/"] if (folder / "records").is_dir() else [])
 
 
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
@@ -158,6 +259,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if not prompts:
         raise ConfigValueError(f"dataset {cfg.dataset.get('name', '')!r} holds no prompt; check dataset.n, "
                                "dataset.path, dataset_start or dataset_limit")
+    preflight.check_metadata(cfg, jobs_plan, prompts)  # what the evaluators read, before generating
     specs = plan(prompts, cfg.images_per_prompt, cfg.seed, shard=cfg.shard.index, num_shards=cfg.shard.count)
     full_plan = plan(prompts, cfg.images_per_prompt, cfg.seed)  # what an evaluate stage scores
     _check_shard_stages(cfg)
@@ -171,14 +273,14 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     provenance.write_run_json(out_dir / "run.json", OmegaConf.to_container(cfg, resolve=True), extra)
     sample_sets = {name: SampleSet(samples_root / name) for name in decoders}
     if "generate" in cfg.stages:
+        built = {name: build_decoder(name, node) for name, node in decoders.items()}  # options first
         bundle = _build(cfg.model, drop=("name", "sampling"))
         weights = _weights_id(bundle)
         bundle = bundle.to(device)
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
         bundle.name = str(cfg.model.get("name", bundle.name))
         jobs = []
-        for name, dec_cfg in decoders.items():  # every set bound before anything is generated
-            decoder: Decoder = _build(dec_cfg)
+        for name, decoder in built.items():  # every set bound before anything is generated
             sample_sets[name].bind(sample_binding(cfg, name, weights, device),
                                    overwrite=bool(cfg.get("overwrite_samples", False)),
                                    compared=without_defaults)  # options at their defaults left out
@@ -188,7 +290,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
                      timing=timing, device=device)
     bound: dict[str, Any] = {}  # decoder -> the binding of its SampleSet
     frames: list[pd.DataFrame] = []
-    failures: list[str] = []
+    failures: list[tuple[str, str, str]] = []  # (evaluator, decoder, why)
     verdicts: dict[tuple[str, str], pd.DataFrame] = {}  # (decoder, evaluator) -> per-image verdicts
     for name, sample_set in sample_sets.items():
         bound[name] = sample_set.binding()
@@ -208,10 +310,20 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     warn_noisy_timing(summary, timing.noise_threshold)
     if failures:
         raise EvaluationFailedError(
-            f"{len(failures)} evaluation(s) failed: {'; '.join(failures)}. The other rows are in "
+            f"{len(failures)} evaluation(s) failed: {_failure_list(failures)}. The other rows are in "
             f"{out_dir / results.SUMMARY_NAME}; fix the cause and rerun with stages=[evaluate] "
             f"samples_dir={samples_root} to score again")
     return summary
+
+
+def _failure_list(failures: list[tuple[str, str, str]]) -> str:
+    """`failures` (evaluator, decoder, why) as "geneval on raster, zipar (ValueError: ...)": one
+    entry per evaluator and cause, so a cause shared by every decoder is said once."""
+    decoders: dict[tuple[str, str], list[str]] = {}
+    for evaluator, decoder, why in failures:
+        decoders.setdefault((evaluator, why), []).append(decoder)
+    return "; ".join(f"{evaluator} on {', '.join(names)} ({why})"
+                     for (evaluator, why), names in decoders.items())
 
 
 def _report(cfg: DictConfig, out_dir: Path) -> None:
@@ -328,7 +440,7 @@ def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
 
 def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: list[Evaluator],
               out_dir: Path, verdicts: dict[tuple[str, str], pd.DataFrame],
-              failures: list[str]) -> list[pd.DataFrame]:
+              failures: list[tuple[str, str, str]]) -> list[pd.DataFrame]:
     """Summary rows of every evaluator on one decoder's samples; per-image results are written to
     per_sample/<decoder>/<evaluator>.csv and kept in `verdicts`. An evaluator that fails is logged
     and named in `failures`; the others still run."""
@@ -339,7 +451,7 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
         except Exception as err:  # noqa: BLE001 - any failure: keep the other evaluators' rows
             log.error("[%s] evaluator %s failed: %s: %s", decoder, ev.name, type(err).__name__, err,
                       exc_info=not isinstance(err, InputError))
-            failures.append(f"{ev.name} on {decoder} ({type(err).__name__}: {err})")
+            failures.append((ev.name, decoder, f"{type(err).__name__}: {err}"))
             continue
         table = res.summary.copy()
         for key, val in reversed(_run_columns(cfg, decoder).items()):
