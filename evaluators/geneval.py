@@ -30,6 +30,7 @@ import pandas as pd
 from evaluators.geneval_rules import GENEVAL_COLORS, Detection, GenEvalRules, summarize
 from harness.api import EvalResult
 from harness.progress import Meter
+from harness.shapes.captions import quoted
 from harness.store.samples import SampleSet, write_atomic
 from harness.shapes.detector import ShapesDetector
 from harness.shapes.scenes import SHAPES
@@ -269,7 +270,7 @@ def geneval_metadata(record: Any) -> dict[str, Any]:
         ValueError: naming the sample, when the prompt meta lacks `tag` / `include` or is malformed.
     """
     meta = json.loads(record.meta) if isinstance(record.meta, str) else dict(record.meta or {})
-    where = f"sample {record.sample_id} (prompt {record.prompt_id!r}: {record.prompt!r})"
+    where = f"sample {record.sample_id} (prompt {record.prompt_id!r}: {quoted(record.prompt)})"
     if not isinstance(meta.get("tag"), str) or "include" not in meta:
         raise ValueError(f"{where} has no GenEval metadata (its prompt meta needs 'tag' and "
                          f"'include', has {sorted(meta)}): {NO_METADATA_HINT}")

@@ -8,7 +8,9 @@ seconds, before hours of generation:
   `eagle_head`); a model config provides a part when its flag is true (`drafter: true`, the shapes
   worlds), its file is named (`drafter_file: ...`, real models) or `provides` lists it (random
   bundles). MuLo-SD also needs a whole grid ratio r = target size / drafter size.
-- an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...).
+- an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...),
+  and the prompt metadata it reads in `needs_metadata` (GenEval: `[tag, include]`): a `.txt`
+  prompts file carries none, and a prompt without them is refused once the prompts are read.
 - `rows_by_model` (the paper protocols) keeps, per model, the decoders of the paper's table;
   `unavailable` names decoders that cannot run for a stated reason (e.g. not implemented yet).
 - with `incompatible: error` (the default) every decoder or evaluator that cannot run is listed in
@@ -21,15 +23,17 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from harness.api import ConfigValueError, InputError
+from harness.api import ConfigValueError, InputError, Prompt
+from harness.shapes.captions import quoted
 
 log = logging.getLogger(__name__)
 
 PARTS = ("drafter", "small_drafter", "eagle_head")
+PROMPT_FILE = "harness.datasets.prompts.prompt_file"  # the loader of dataset=prompt_file (.txt or .jsonl)
 INCOMPATIBLE = ("error", "skip")
 _WEIGHT_KEYS = (
     "target_file",
@@ -98,7 +102,62 @@ def evaluator_problem(name: str, node: DictConfig, dataset: DictConfig) -> str |
             f"scores only the prompt sets {wanted} (it reads their metadata or references), "
             f"not dataset={dataset.get('name')}"
         )
+    needs = needed_metadata(name, node)
+    path = None if OmegaConf.is_missing(dataset, "path") else dataset.get("path")
+    if needs and dataset.get("_target_") == PROMPT_FILE and not str(path).endswith(".jsonl"):
+        return (
+            f"reads the prompt metadata {needs}, which a .txt prompts file cannot carry "
+            f"(dataset.path={path}); use a .jsonl file whose lines hold these fields"
+        )
     return None
+
+
+def needed_metadata(name: str, node: DictConfig) -> list[str]:
+    """The prompt meta keys evaluator `name` reads (its `needs_metadata` list; empty when absent)."""
+    needs = node.get("needs_metadata")
+    if needs is None:
+        return []
+    if not isinstance(needs, ListConfig) or not all(isinstance(key, str) for key in needs):
+        raise ConfigValueError(f"evaluator.{name}.needs_metadata must be a list of prompt meta keys "
+                               f"(e.g. [tag, include]), got {needs!r}")
+    return list(needs)
+
+
+def check_metadata(cfg: DictConfig, jobs: Plan, prompts: Sequence[Prompt]) -> None:
+    """Every prompt carries the metadata each planned evaluator reads (`needs_metadata`), checked
+    once the prompts are read, before anything is generated. With `incompatible: skip` an evaluator
+    that lacks it is dropped from `jobs` (its reason logged), else refused.
+
+    Raises:
+        IncompatibleError: naming the evaluator, the first prompt without the fields and its file.
+    """
+    for name in list(jobs.evaluators):
+        needs = needed_metadata(name, cfg.evaluator[name])
+        lacking = next((p for p in prompts if any(key not in p.meta for key in needs)), None)
+        if lacking is None:
+            continue
+        path = None if OmegaConf.is_missing(cfg.dataset, "path") else cfg.dataset.get("path")
+        why = (f"reads the prompt metadata {needs}, which prompt {lacking.id!r} ({quoted(lacking.text)})"
+               f"{f' in {path}' if path else ''} lacks (it has {sorted(lacking.meta)}); give every "
+               "prompt these fields")
+        if cfg.get("incompatible", "error") == "error":
+            raise IncompatibleError(f"evaluator {name} cannot score dataset={cfg.dataset.get('name')}: "
+                                    f"{why}, or drop {name} from evaluator=[...]")
+        log.warning("skipping %s: %s", name, why)
+        jobs.evaluators.remove(name)
+        jobs.skipped[name] = why
+
+
+def unselected_decoders(cfg: DictConfig) -> dict[str, str]:
+    """Decoders an experiment configures that `decoder=[...]` on the command line left out, each with
+    the reason it is skipped. Such a node holds only the experiment's options (`decoder.mulo_sd.draft.
+    window: 8` in main_x2), with no `_target_`: nothing to build."""
+    return {
+        str(name): f"configured by the experiment but not selected in decoder=[...]; add {name} there "
+        "to run it"
+        for name, node in (cfg.get("decoder") or {}).items()
+        if isinstance(node, DictConfig) and "_target_" not in node
+    }
 
 
 def plan(cfg: DictConfig) -> Plan:
@@ -112,7 +171,8 @@ def plan(cfg: DictConfig) -> Plan:
     if mode not in INCOMPATIBLE:
         raise ConfigValueError(f"incompatible must be one of {list(INCOMPATIBLE)}, got {mode!r}")
     decoders = {str(k): v for k, v in (cfg.get("decoder") or {}).items()}
-    skipped: dict[str, str] = {}
+    skipped = unselected_decoders(cfg)
+    decoders = {n: node for n, node in decoders.items() if n not in skipped}
     rows = _rows(cfg)
     if rows is not None:
         for name in list(decoders):
@@ -121,7 +181,7 @@ def plan(cfg: DictConfig) -> Plan:
                 del decoders[name]
     unavailable = {str(k): str(v) for k, v in (cfg.get("unavailable") or {}).items()}
     for name in rows or []:
-        if name not in decoders:
+        if name not in decoders and name not in skipped:
             skipped[name] = unavailable.get(name, "no such decoder config")
     problems = {n: unavailable[n] for n in decoders if n in unavailable}
     problems |= {

@@ -7,7 +7,6 @@ job adds the rows that compare decoders with raster (harness/comparisons.py) and
 decoders whose `timing_noise` exceeds `timing.noise_threshold`."""
 from __future__ import annotations
 
-import difflib
 import logging
 import uuid
 from pathlib import Path
@@ -15,14 +14,15 @@ from typing import Any
 
 import pandas as pd
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from harness import moved, preflight
-from harness.api import ConfigValueError, Decoder, Evaluator, InputError, ModelBundle, SamplingParams, checked_number
+from harness.api import ConfigValueError, Evaluator, InputError, ModelBundle, SamplingParams
+from harness.checks import build as _build
+from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
 from harness.comparisons import warn_noisy_timing, with_comparisons
 from harness.datasets.prompts import select
-from harness.generate import Job, Timing, generate_all
+from harness.generate import Job, generate_all
 from harness.models.guidance import Guided
 from harness.runtime import engine
 from harness.store import provenance, summary
@@ -33,22 +33,10 @@ from harness.store.samples import NotWritableError, SampleSet, plan, write_atomi
 log = logging.getLogger(__name__)
 
 RUN_KEYS = ("experiment", "model", "decoder", "dataset")
-STAGES = ("fetch", "generate", "evaluate")
 
 
 class EvaluationFailedError(RuntimeError):
     """One or more evaluators failed; the rows of the others were written."""
-
-
-def _build(node: DictConfig, drop: tuple[str, ...] = ("name",)) -> Any:
-    """Instantiate a config node without its informational keys (`name`; a model's `sampling`
-    holds its recommended sampling defaults, which `conf/config.yaml` reads; `requires` and
-    `provides` are read by harness/preflight.py)."""
-    conf = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(conf, dict)
-    for key in (*drop, "requires", "provides"):
-        conf.pop(key, None)
-    return instantiate(conf)
 
 
 def _device(name: str) -> torch.device:
@@ -78,89 +66,15 @@ def _decoders(cfg: DictConfig) -> dict[str, DictConfig]:
 
 
 def _evaluators(cfg: DictConfig, names: list[str]) -> list[Evaluator]:
-    """The evaluators `names` (those the preflight plan keeps), instantiated."""
-    return [_build(node, drop=()) for name, node in (cfg.get("evaluator") or {}).items() if name in names]
+    """The evaluators `names` (those the preflight plan keeps), instantiated.
 
-
-def _timing(cfg: DictConfig) -> Timing:
-    """The `timing` node as a Timing (defaults where the config has no such node)."""
-    node = cfg.get("timing")
-    return Timing.from_config(OmegaConf.to_container(node, resolve=True) if node is not None else {})
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Refuse run-level config values of the wrong type or range, naming the key and the fix."""
-    if not isinstance(cfg.get("name"), str) or not cfg.name:
-        raise ConfigValueError(f"name must be a non-empty string, got {cfg.get('name')!r}")
-    checked_number("seed", cfg.seed, integer=True)
-    for key, low in (("batch_size", 1), ("images_per_prompt", 1), ("warmup_batches", 0),
-                     ("shard.index", 0), ("shard.count", 1)):
-        checked_number(key, OmegaConf.select(cfg, key), integer=True, low=low)
-    if cfg.shard.index >= cfg.shard.count:
-        raise ConfigValueError(f"shard.index ({cfg.shard.index}) must be below shard.count ({cfg.shard.count}); "
-                               "shards are numbered 0 .. count-1")
-    for key in ("threads", "dataset_limit"):
-        if cfg.get(key) is not None:
-            checked_number(key, cfg.get(key), integer=True, low=1)
-    checked_number("dataset_start", cfg.get("dataset_start") or 0, integer=True, low=0)
-    _timing(cfg)
-    if cfg.get("engine", "eager") not in engine.ENGINES:
-        raise ConfigValueError(f"engine must be one of {engine.ENGINES}, got {cfg.get('engine')!r}")
-    if not isinstance(cfg.device, str):
-        raise ConfigValueError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    stages = list(cfg.get("stages") or [])
-    unknown = [s for s in stages if s not in STAGES]
-    if not stages or unknown or len(set(stages)) != len(stages):
-        problem = f"unknown stage(s) {unknown}" if unknown else "an empty list" if not stages else "repeats"
-        raise ConfigValueError(f"stages must be a non-empty list of distinct names from {list(STAGES)}, "
-                               f"got {stages} ({problem}); e.g. stages=[generate,evaluate]")
-    _build(cfg.sampling, drop=())  # SamplingParams checks its own fields
-    if not isinstance(cfg.get("overwrite_samples", False), bool):
-        raise ConfigValueError(f"overwrite_samples must be true or false, got {cfg.overwrite_samples!r}")
-    if not isinstance(cfg.get("report", True), bool):
-        raise ConfigValueError(f"report must be true or false, got {cfg.report!r}")
-    _check_swept_keys(cfg)
-    samples_dir = cfg.get("samples_dir")
-    if samples_dir is not None and (not isinstance(samples_dir, str) or Path(samples_dir).is_file()):
-        raise ConfigValueError(f"samples_dir {samples_dir!r} is not a folder; point it at a folder "
-                               "of per-decoder SampleSets (or null: <run dir>/samples)")
-
-
-def _check_swept_keys(cfg: DictConfig) -> None:
-    """Refuse a `swept_keys` that is not a list of this job's config keys naming single values (a
-    typo would add a column of that name holding nothing), suggesting close matches."""
-    keys = cfg.get("swept_keys")
-    if keys is None:
-        return
-    if not isinstance(keys, ListConfig):
-        raise ConfigValueError(f"swept_keys must be a list of config keys, got {keys!r}; e.g. "
-                               f"swept_keys=[{keys}]")
-    known = _leaf_keys(OmegaConf.to_container(cfg, resolve=False))
-    for key in keys:
-        if not isinstance(key, str) or not key:
-            raise ConfigValueError(f"swept_keys holds {key!r}, not a config key; name keys such as "
-                                   "decoder.mulo_sd.accept.tau")
-        if key in known:
-            continue
-        inside = sorted(k for k in known if k.startswith(f"{key}.") and not k.endswith("._target_"))
-        if inside:
-            raise ConfigValueError(f"swept_keys names {key!r}, a config node, not a single value; name "
-                                   f"the keys that vary, e.g. {', '.join(inside[:4])}")
-        close = difflib.get_close_matches(key, sorted(k for k in known if not k.endswith("._target_")), n=3)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        raise ConfigValueError(f"swept_keys names {key!r}, which is not a key of this job's configuration"
-                               f"{hint}. Correct it or remove it from swept_keys (a decoder's keys exist "
-                               "only when the decoder is selected)")
-
-
-def _leaf_keys(tree: Any, prefix: str = "") -> set[str]:
-    """Dotted keys of the values of a config container (lists and empty nodes are values)."""
-    if not isinstance(tree, dict) or (not tree and prefix):
-        return {prefix} if prefix else set()
-    found: set[str] = set()
-    for key, value in tree.items():
-        found |= _leaf_keys(value, f"{prefix}.{key}" if prefix else str(key))
-    return found
+    Raises:
+        ConfigValueError: an evaluator's `name` is not a plain file name (per_sample/<decoder>/<name>.csv).
+    """
+    built = {key: _build(node, drop=()) for key, node in (cfg.get("evaluator") or {}).items() if key in names}
+    for key, evaluator in built.items():
+        check_evaluator_name(key, evaluator.name)
+    return list(built.values())
 
 
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
@@ -183,7 +97,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if not decoders:
         raise preflight.IncompatibleError(f"no decoder left to run on model {cfg.model.get('name')}: "
                                           f"{jobs_plan.skipped}")
-    timing = _timing(cfg)
+    timing = timing_of(cfg)
     if "fetch" in cfg.stages:
         preflight.fetch(cfg)
         if list(cfg.stages) == ["fetch"]:
@@ -193,6 +107,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if not prompts:
         raise ConfigValueError(f"dataset {cfg.dataset.get('name', '')!r} holds no prompt; check dataset.n, "
                                "dataset.path, dataset_start or dataset_limit")
+    preflight.check_metadata(cfg, jobs_plan, prompts)  # what the evaluators read, before generating
     specs = plan(prompts, cfg.images_per_prompt, cfg.seed, shard=cfg.shard.index, num_shards=cfg.shard.count)
     full_plan = plan(prompts, cfg.images_per_prompt, cfg.seed)  # what an evaluate stage scores
     _check_shard_stages(cfg)
@@ -206,14 +121,14 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     provenance.write_run_json(out_dir / "run.json", OmegaConf.to_container(cfg, resolve=True), extra)
     sample_sets = {name: SampleSet(samples_root / name) for name in decoders}
     if "generate" in cfg.stages:
+        built = {name: build_decoder(name, node) for name, node in decoders.items()}  # options first
         bundle = _build(cfg.model, drop=("name", "sampling"))
         weights = _weights_id(bundle)
         bundle = bundle.to(device)
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
         bundle.name = str(cfg.model.get("name", bundle.name))
         jobs = []
-        for name, dec_cfg in decoders.items():  # every set bound before anything is generated
-            decoder: Decoder = _build(dec_cfg)
+        for name, decoder in built.items():  # every set bound before anything is generated
             sample_sets[name].bind(sample_binding(cfg, name, weights, device),
                                    overwrite=bool(cfg.get("overwrite_samples", False)),
                                    compared=compared)  # old paths current, options at their defaults left out
@@ -226,7 +141,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             check_stored_labels(cfg, name, sample_set.root, sample_set.binding())
     bound: dict[str, Any] = {}  # decoder -> the binding of its SampleSet
     frames: list[pd.DataFrame] = []
-    failures: list[str] = []
+    failures: list[tuple[str, str, str]] = []  # (evaluator, decoder, why)
     verdicts: dict[tuple[str, str], pd.DataFrame] = {}  # (decoder, evaluator) -> per-image verdicts
     for name, sample_set in sample_sets.items():
         bound[name] = sample_set.binding()
@@ -246,10 +161,20 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     warn_noisy_timing(table, timing.noise_threshold)
     if failures:
         raise EvaluationFailedError(
-            f"{len(failures)} evaluation(s) failed: {'; '.join(failures)}. The other rows are in "
+            f"{len(failures)} evaluation(s) failed: {_failure_list(failures)}. The other rows are in "
             f"{out_dir / summary.SUMMARY_NAME}; fix the cause and rerun with stages=[evaluate] "
             f"samples_dir={samples_root} to score again")
     return table
+
+
+def _failure_list(failures: list[tuple[str, str, str]]) -> str:
+    """`failures` (evaluator, decoder, why) as "geneval on raster, zipar (ValueError: ...)": one
+    entry per evaluator and cause, so a cause shared by every decoder is said once."""
+    decoders: dict[tuple[str, str], list[str]] = {}
+    for evaluator, decoder, why in failures:
+        decoders.setdefault((evaluator, why), []).append(decoder)
+    return "; ".join(f"{evaluator} on {', '.join(names)} ({why})"
+                     for (evaluator, why), names in decoders.items())
 
 
 def _report(cfg: DictConfig, out_dir: Path) -> None:
@@ -318,7 +243,7 @@ def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
 
 def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: list[Evaluator],
               out_dir: Path, verdicts: dict[tuple[str, str], pd.DataFrame],
-              failures: list[str]) -> list[pd.DataFrame]:
+              failures: list[tuple[str, str, str]]) -> list[pd.DataFrame]:
     """Summary rows of every evaluator on one decoder's samples; per-image results are written to
     per_sample/<decoder>/<evaluator>.csv and kept in `verdicts`. An evaluator that fails is logged
     and named in `failures`; the others still run."""
@@ -329,7 +254,7 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
         except Exception as err:  # noqa: BLE001 - any failure: keep the other evaluators' rows
             log.error("[%s] evaluator %s failed: %s: %s", decoder, ev.name, type(err).__name__, err,
                       exc_info=not isinstance(err, InputError))
-            failures.append(f"{ev.name} on {decoder} ({type(err).__name__}: {err})")
+            failures.append((ev.name, decoder, f"{type(err).__name__}: {err}"))
             continue
         table = res.summary.copy()
         for key, val in reversed(_run_columns(cfg, decoder).items()):

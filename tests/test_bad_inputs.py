@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import harness.__main__ as cli_main
+from harness import preflight
 from harness.store import summary as results
 from harness.cli import EXIT_INPUT_ERROR, check_overrides, report_errors
 from harness.run import EvaluationFailedError, run
@@ -75,6 +76,19 @@ CONFIG_CASES = [
     (["model.grid=0"], ["model.grid", ">= 1"]),
     (["model.grid=6", "model.draft_ratio=4"], ["model.grid", "model.draft_ratio"]),
     (["model.dim=65"], ["model.dim", "model.n_head"]),
+    (["dataset=prompt_file"], ["dataset.path must be set", "dataset.path=<value>"]),
+    (["device=tpu"], ["device=tpu", "device=auto, cpu, cuda or cuda:N"]),
+    # decoder options: the full key and the value, before any model is built
+    (["decoder.zipar.window=wide"], ["decoder.zipar.window=wide", "'wide'", "decoder/zipar.yaml"]),
+    (["decoder.mulo_sd.accept.k=-1"], ["decoder.mulo_sd.accept.k=-1", ">= 1"]),
+    (["decoder.mulo_sd.accept.k=abc"], ["decoder.mulo_sd.accept.k=abc", "'abc'"]),
+    (["decoder.mulo_sd.draft.upsampler.kind=bogus"], ["decoder.mulo_sd.draft.upsampler.kind=bogus", "pixel"]),
+    (["decoder.zipar.mask=foo"], ["decoder.zipar.mask=foo", "written"]),
+    (["decoder.eagle2.draft.depth=x"], ["decoder.eagle2.draft.depth=x", "integer"]),
+    # an evaluator's name becomes per_sample/<decoder>/<name>.csv
+    (["+evaluator.geneval_shapes.name=../x"], ["evaluator.geneval_shapes.name", "'../x'", "plain file name"]),
+    (["+evaluator.geneval_shapes.name=a/b"], ["evaluator.geneval_shapes.name", "'a/b'"]),
+    (["+evaluator.geneval_shapes.name="], ["evaluator.geneval_shapes.name", "''"]),
 ]
 
 
@@ -87,6 +101,7 @@ def test_bad_config_value(
     assert err.startswith("error: ") and "Traceback" not in err
     for word in words:
         assert word in err, (word, err)
+    assert err.count("\n") == 1, "one line"
     assert not list((tmp_path / "run").rglob("*.png")), "nothing may be generated"
 
 
@@ -132,12 +147,14 @@ def _prompts(tmp_path: Path, name: str, data: bytes) -> list[str]:
             b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n',
             ["p.jsonl", "repeats prompt ids"],
         ),
+        ("p.jsonl", b'{"prompt": "x"}\n{"id": "", "prompt": "y"}\n', ["p.jsonl:2", "'id'", "''"]),
+        ("p.jsonl", b'{"prompt": "x", "id": null}\n', ["p.jsonl:1", "'id'", "None"]),
     ],
 )
 def test_bad_prompts_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes, words: list[str]
 ) -> None:
-    status, err = outcome(tmp_path, _prompts(tmp_path, name, data), capsys)
+    status, err = outcome(tmp_path, [*_prompts(tmp_path, name, data), "evaluator=[speed]"], capsys)
     assert status == EXIT_INPUT_ERROR, err
     for word in words:
         assert word in err, (word, err)
@@ -148,9 +165,53 @@ def test_missing_prompts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert status == EXIT_INPUT_ERROR and "none.txt" in err and "dataset.path" in err
 
 
+def test_geneval_refuses_a_txt_prompts_file_before_generating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = [*_prompts(tmp_path, "p.txt", b"a photo of a cat\n"), "evaluator=[speed,geneval_shapes]"]
+    status, err = outcome(tmp_path, overrides, capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert "geneval_shapes" in err and f"dataset.path={tmp_path / 'p.txt'}" in err and ".jsonl" in err
+    assert not list((tmp_path / "run").rglob("*.png")), "nothing may be generated"
+    # without GenEval the same file runs
+    assert outcome(tmp_path, [*overrides[:2], "evaluator=[speed]", "decoder=[raster]"], capsys)[0] == 0
+
+
+def test_prompts_without_metadata_are_refused_on_one_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caption = "a photo of a " + "very " * 2000 + "long cat"
+    data = json.dumps({"prompt": caption}).encode() + b"\n"
+    status, err = outcome(tmp_path, _prompts(tmp_path, "long.jsonl", data), capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert err.startswith("error: evaluator geneval_shapes") and err.count("\n") == 1
+    assert str(tmp_path / "long.jsonl") in err and "'tag'" in err and f"({len(caption)} characters)" in err
+    assert len(err) < 600, "the caption must be shortened, not quoted whole"
+    assert not list((tmp_path / "run").rglob("*.png")), "nothing may be generated"
+
+
+def test_an_evaluator_failing_alike_on_every_decoder_is_named_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Samples made from prompts without metadata, scored with the metadata at hand: GenEval reads
+    the samples' own (absent) metadata, fails on each decoder for the same reason, said once."""
+    caption = "a photo of a " + "very " * 2000 + "long cat"
+    bare = _prompts(tmp_path, "bare.jsonl", json.dumps({"id": "p", "prompt": caption}).encode())
+    base = ["decoder=[raster,zipar]", "dataset_limit=1"]
+    assert outcome(tmp_path, [*bare, *base, "stages=[generate]", "evaluator=[speed]"], capsys)[0] == 0
+    meta = {"id": "p", "prompt": caption, "tag": "single_object", "include": [{"class": "cat", "count": 1}]}
+    rich = _prompts(tmp_path, "rich.jsonl", json.dumps(meta).encode())
+    status, err = outcome(tmp_path / "e", [*rich, *base, "stages=[evaluate]", "evaluator=[geneval_shapes]",
+                                           f"samples_dir={tmp_path / 'run' / 'samples'}"], capsys)
+    assert status == 1, err
+    assert "geneval on raster, zipar (ValueError: sample p_00" in err and err.count("ValueError") == 1
+    assert len(err) < 800, "the caption must be shortened, not quoted whole"
+
+
 def test_rejected_caption_is_quoted_shortened(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     caption = "a photo of a " + "very " * 400 + "long cat"
-    overrides = [*_prompts(tmp_path, "long.txt", caption.encode()), "model=shapes", "decoder=[raster]"]
+    overrides = [*_prompts(tmp_path, "long.txt", caption.encode()), "model=shapes", "decoder=[raster]",
+                 "evaluator=[speed]"]
     status, err = outcome(tmp_path, overrides, capsys)
     assert status == EXIT_INPUT_ERROR, err
     assert "shapes grammar" in err and f"({len(caption)} characters)" in err
@@ -264,6 +325,51 @@ def test_evaluate_only_on_an_incomplete_set(tmp_path: Path, capsys: pytest.Captu
     assert status == EXIT_INPUT_ERROR and "incomplete" in err and "stages=[generate]" in err
 
 
+@pytest.mark.parametrize("content,kind", [("[1, 2]", "list"), ('"abc"', "str"), ("{not json", "corrupt")])
+def test_a_corrupt_binding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, kind: str
+) -> None:
+    base = ["decoder=[raster]", "evaluator=[speed]"]
+    assert outcome(tmp_path, [*base, "stages=[generate]"], capsys)[0] == 0
+    samples = tmp_path / "run" / "samples"
+    binding = samples / "raster" / "binding.json"
+    binding.write_text(content)
+    status, err = outcome(tmp_path / "e", [*base, "stages=[evaluate]", f"samples_dir={samples}"], capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert str(binding) in err and kind in err and "overwrite_samples=true" in err
+    # the fix the refusal suggests works: the set is generated again under this configuration
+    status, err = outcome(tmp_path, [*base, "overwrite_samples=true"], capsys)
+    assert status == 0, err
+    assert json.loads(binding.read_text())["decoder"]["name"] == "raster"
+
+
+def test_samples_dir_one_level_too_deep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert outcome(tmp_path, ["decoder=[raster]", "stages=[generate]"], capsys)[0] == 0
+    samples = tmp_path / "run" / "samples"
+    for stages in ("stages=[evaluate]", "stages=[generate]"):
+        status, err = outcome(
+            tmp_path / "e", ["decoder=[raster]", stages, f"samples_dir={samples / 'raster'}"], capsys
+        )
+        assert status == EXIT_INPUT_ERROR, err
+        assert "is itself a SampleSet" in err and f"samples_dir={samples}" in err
+        assert not (samples / "raster" / "raster").exists(), "no set is made inside the set"
+
+
+def test_an_experiment_configuring_an_unselected_decoder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """decoder=[...] narrower than the experiment's list: the decoders it configures but the command
+    line leaves out are skipped with their reason, as rows_by_model's are, before any model is built."""
+    cfg = compose_cfg(["+experiment=main_x2", "decoder=[raster,zipar]"])
+    jobs = preflight.plan(cfg)
+    assert jobs.decoders == ["raster", "zipar"]
+    assert "not selected" in jobs.skipped["mulo_sd"] and "mulo_sd_anchored" in jobs.skipped
+    status, err = outcome(tmp_path, ["decoder=[raster]", "+decoder.mulo_sd.draft.window=8",
+                                     "evaluator=[speed]"], capsys)
+    assert status == 0, err
+    assert [p.name for p in (tmp_path / "run" / "samples").iterdir()] == ["raster"]
+
+
 def test_evaluate_reads_a_corrupt_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert outcome(tmp_path, ["decoder=[raster]", "stages=[generate]"], capsys)[0] == 0
     samples = tmp_path / "run" / "samples"
@@ -373,6 +479,8 @@ def _results_cli(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         ("meta_corrupt", ["summary.meta.json", "corrupt"]),
         ("edited_same_rows", ["sha256", "summary.meta.json", "changed after"]),
         ("cut_mid_row_without_sidecar", ["line break", "cut short"]),
+        ("meta_rows_text", ["summary.meta.json", "malformed", "'25'"]),
+        ("meta_empty", ["summary.meta.json", "malformed", "None"]),
     ],
 )
 def test_bad_summary_file(
@@ -406,6 +514,10 @@ def test_bad_summary_file(
     elif damage == "cut_mid_row_without_sidecar":  # the last row loses its empty ci cells: parses alike
         path.with_name("summary.meta.json").unlink()
         path.write_text(path.read_text()[:-3])
+    elif damage == "meta_rows_text":
+        path.with_name("summary.meta.json").write_text('{"rows": "25"}')
+    elif damage == "meta_empty":
+        path.with_name("summary.meta.json").write_text("{}")
     else:
         path.with_name("summary.meta.json").write_text("[")
     code, err = _results_cli(path, capsys)
@@ -466,7 +578,8 @@ def _harness(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "override,word",
-    [("sampling.temperature=nan", "sampling.temperature"), ("decoder=[rastr]", "unknown decoder")],
+    [("sampling.temperature=nan", "sampling.temperature"), ("decoder=[rastr]", "unknown decoder"),
+     ("decoder.mulo_sd.accept.k=-1", "decoder.mulo_sd.accept.k=-1")],
 )
 def test_command_line_exit_status(tmp_path: Path, override: str, word: str) -> None:
     res = _harness([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}", override], tmp_path)

@@ -83,7 +83,7 @@ def test_a_failing_evaluator_leaves_the_other_rows(tmp_path: Path) -> None:
     )
     with pytest.raises(EvaluationFailedError) as err:
         run(cfg, tmp_path / "run")
-    assert "broken on raster" in str(err.value) and "broken on zipar" in str(err.value)
+    assert "broken on raster, zipar (" in str(err.value)  # one cause, said once for both decoders
     assert "stages=[evaluate]" in str(err.value)
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
     assert set(summary.decoder) == {"raster", "zipar"} and set(summary.evaluator) == {"speed"}

@@ -65,7 +65,12 @@ def _jsonl_prompt(path: Path, lineno: int, line: str) -> Prompt:
     if not isinstance(text, str) or not text.strip():
         raise PromptFileError(f"{path}:{lineno}: needs a non-empty string field 'prompt' (or 'text')")
     meta = {k: v for k, v in obj.items() if k not in ("id", "prompt", "text")}
-    return Prompt(id=str(obj.get("id", f"{path.stem}/{lineno - 1:05d}")), text=text, meta=meta)
+    given = obj.get("id", f"{path.stem}/{lineno - 1:05d}")
+    if isinstance(given, bool) or not isinstance(given, (str, int)) or not str(given).strip():
+        raise PromptFileError(f"{path}:{lineno}: 'id' must be a non-empty string (or a number), got "
+                              f"{given!r}; give the prompt an id or leave the field out (then it is "
+                              f"{path.stem}/<line - 1>)")
+    return Prompt(id=str(given), text=text, meta=meta)
 
 
 def select(prompts: list[Prompt], limit: int | None) -> list[Prompt]:

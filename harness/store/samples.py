@@ -175,14 +175,18 @@ class SampleSet:
     def binding(self) -> dict[str, Any] | None:
         """The stored binding (what produced the samples), or None when the set has none."""
         path = self.root / BINDING_FILE
+        fix = ("use a fresh output directory, or generate into it again (stages=[generate,evaluate]) with "
+               "overwrite_samples=true, which deletes its samples first")
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            stored = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise BindingMismatchError(
-                f"{path} is unreadable or corrupt ({exc}); use a fresh output directory, or rerun "
-                "with overwrite_samples=true to delete this set's samples and start it again") from exc
+            raise BindingMismatchError(f"{path} is unreadable or corrupt ({exc}); {fix}") from exc
+        if not isinstance(stored, dict):
+            raise BindingMismatchError(f"{path} is corrupt: it holds a JSON {type(stored).__name__}, not "
+                                       f"an object; {fix}")
+        return stored
 
     def bind(self, binding: dict[str, Any], overwrite: bool = False,
              compared: Callable[[Any], Any] | None = None) -> None:
@@ -197,7 +201,15 @@ class SampleSet:
         """
         self.ensure_writable()
         wanted = json.loads(json.dumps(binding, sort_keys=True))  # the form it takes on disk
-        stored = self.binding()
+        try:
+            stored = self.binding()
+        except BindingMismatchError as exc:  # a corrupt binding.json: what made the samples is unknown
+            if not overwrite:
+                raise
+            log.warning("%s: overwrite_samples=true, deleting the samples of a set whose binding is "
+                        "unreadable (%s)", self, exc)
+            self._delete_samples()
+            stored = None
         view = compared or (lambda tree: tree)
         if stored is not None and view(stored) == view(wanted):
             return

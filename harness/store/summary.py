@@ -153,6 +153,11 @@ def _read_meta(path: Path) -> dict | None:
     if not isinstance(meta, dict):
         raise SummaryFileError(f"{meta_path}, the row count of {path}, is corrupt (not a JSON object); "
                                "rerun the evaluate stage of that run to write both again")
+    rows = meta.get("rows")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise SummaryFileError(f"{meta_path}, the row count of {path}, is malformed: 'rows' must be a "
+                               f"whole number, got {rows!r}; rerun the evaluate stage of that run to "
+                               "write both again")
     return meta
 
 
