@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import engine, preflight, provenance, results
 from harness.results import paired_difference
-from harness.api import (INTERVAL_COLUMNS, ConfigValueError, Decoder, Evaluator, InputError, ModelBundle,
-                         SamplingParams, checked_number)
-from harness.binding import without_defaults
+from harness.api import (INTERVAL_COLUMNS, SETTING_COLUMN, ConfigValueError, Decoder, Evaluator, InputError,
+                         ModelBundle, SamplingParams, checked_number)
+from harness.binding import signature_defaults, without_defaults
 from harness.datasets.prompts import select
 from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
@@ -41,6 +41,12 @@ CI_LEVEL = 0.95
 # Model config keys that say where or how weights are loaded, not which weights: left out of a
 # SampleSet's binding (the weights themselves are bound by their digest).
 _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
+# Model keys that configure decoders, not the model: a decoder's operating point on this world reaches
+# the binding through the decoder's own keys, so the model's binding leaves it out.
+_DECODER_KEYS = frozenset({"operating_points"})
+# Informational keys of config nodes: never passed to the target (`requires`, `provides`: read by
+# harness/preflight.py; `paper_setting`: the paper's values of the keys a world may move) nor bound.
+_INFO_KEYS = ("requires", "provides", "paper_setting")
 
 
 class EvaluationFailedError(RuntimeError):
@@ -49,11 +55,12 @@ class EvaluationFailedError(RuntimeError):
 
 def _build(node: DictConfig, drop: tuple[str, ...] = ("name",)) -> Any:
     """Instantiate a config node without its informational keys (`name`; a model's `sampling`
-    holds its recommended sampling defaults, which `conf/config.yaml` reads; `requires` and
-    `provides` are read by harness/preflight.py)."""
+    holds its recommended sampling defaults, which `conf/config.yaml` reads, and its
+    `operating_points` the decoders' settings on its world; `requires` and `provides` are read by
+    harness/preflight.py; a decoder's `paper_setting` labels rows run otherwise)."""
     conf = OmegaConf.to_container(node, resolve=True)
     assert isinstance(conf, dict)
-    for key in (*drop, "requires", "provides"):
+    for key in (*drop, *_INFO_KEYS, *_DECODER_KEYS):
         conf.pop(key, None)
     return instantiate(conf)
 
@@ -197,7 +204,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
             frames += _evaluate(cfg, name, sample_set.view(full_plan), evaluators, out_dir, verdicts,
-                                failures)
+                                failures, setting=decoder_setting(cfg, name, bound[name]))
             _write_summary(out_dir, frames, verdicts)
     summary = _write_summary(out_dir, frames, verdicts)
     extra.update(sample_sets=bound, summary_rows=len(summary))
@@ -215,14 +222,15 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
 
 
 def _report(cfg: DictConfig, out_dir: Path) -> None:
-    """Write the run's static HTML report (tables and figures) under <run dir>/report and name it;
-    a failure to draw is logged, never fatal to the run."""
+    """Write the run's static HTML report under <run dir>/report and name it: its index.html shows
+    this run's tables (every column defined) and figures; a failure to draw is logged, never fatal
+    to the run."""
     if not cfg.get("report", True):
         return
-    from harness.report.tables import regenerate  # matplotlib only when a report is wanted
+    from harness.report.tables import run_report  # matplotlib only when a report is wanted
 
     try:
-        regenerate([out_dir], out_dir / "report", paper_rows=False)
+        run_report(out_dir, out_dir / "report")
     except Exception as err:  # noqa: BLE001 - a report is a view of results already written
         log.warning("no HTML report: %s: %s", type(err).__name__, err)
         return
@@ -265,9 +273,10 @@ def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.de
     assert isinstance(resolved, dict)
     return {
         "format": BINDING_FORMAT,
-        "model": {"name": cfg.model.get("name", "model"), **_without(resolved["model"], _LOCATION_KEYS)},
+        "model": {"name": cfg.model.get("name", "model"),
+                  **_without(resolved["model"], _LOCATION_KEYS | _DECODER_KEYS)},
         "weights": weights,
-        "decoder": {"name": decoder, **resolved["decoder"][decoder]},
+        "decoder": {"name": decoder, **_without(resolved["decoder"][decoder], frozenset({"paper_setting"}))},
         "sampling": _without(resolved["sampling"], frozenset({"_target_"})),
         "seed": cfg.seed,
         "engine": str(cfg.get("engine") or "eager"),
@@ -318,18 +327,75 @@ def _writable(folder: Path, what: str) -> None:
                                "point it to a writable folder") from err
 
 
-def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
+def _run_columns(cfg: DictConfig, decoder: str, setting: str | None = None) -> dict[str, Any]:
+    """The columns that say which run a row comes from; `setting` (decoder_setting) where the
+    decoder ran otherwise than in the paper."""
     cols = {"experiment": cfg.name, "model": cfg.model.get("name", "model"), "decoder": decoder,
             "dataset": cfg.dataset.get("name", "dataset"), "engine": str(cfg.get("engine") or "eager")}
+    if setting:
+        cols[SETTING_COLUMN] = setting
     for key in cfg.get("swept_keys") or []:
         cols[str(key)] = OmegaConf.select(cfg, str(key))
     return cols
 
 
+def decoder_setting(cfg: DictConfig, decoder: str, bound: dict[str, Any] | None = None) -> str | None:
+    """The decoder's setting, e.g. "k=32, δ=0.4, on_reject=pooled", where it differs from the paper's;
+    None at the paper's setting or for a decoder whose config declares none (`paper_setting`: the
+    paper's values of the keys a world's operating point may move). Read from the binding of the
+    images scored (`bound`: a stored set made under another setting is labelled with its own), else
+    from this job's config; a key the binding predates has its target's default (harness/binding.py)."""
+    node = (cfg.get("decoder") or {}).get(decoder)
+    paper = node.get("paper_setting") if node is not None else None
+    if not paper:
+        return None
+    stored = (bound or {}).get("decoder")
+    used = stored if isinstance(stored, dict) else OmegaConf.to_container(node, resolve=True)
+    pairs = [(path, value, _value_at(used, path))
+             for path, value in _leaves(OmegaConf.to_container(paper, resolve=True))]
+    if all(_json_equal(value, now) for _, value, now in pairs):
+        return None
+    from harness.report.specs import swept_label  # plain labels (no plotting library)
+
+    return ", ".join(f"{swept_label('.'.join(path))}={_plain(now)}" for path, _, now in pairs)
+
+
+def _leaves(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(key path, value) of every leaf of a nested dict."""
+    if not isinstance(tree, dict):
+        return [(path, tree)]
+    return [leaf for key, value in tree.items() for leaf in _leaves(value, (*path, str(key)))]
+
+
+def _value_at(tree: Any, path: tuple[str, ...]) -> Any:
+    """The value at `path` in a decoder node; a missing last key reads as its `_target_`'s default."""
+    for key in path[:-1]:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    if not isinstance(tree, dict):
+        return None
+    if path[-1] in tree:
+        return tree[path[-1]]
+    target = tree.get("_target_")
+    return signature_defaults(target).get(path[-1]) if isinstance(target, str) else None
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as config values (1000 == 1000.0; a string only equals the same string)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def _plain(value: Any) -> str:
+    """A setting value as shown: numbers without trailing zeros."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: list[Evaluator],
               out_dir: Path, verdicts: dict[tuple[str, str], pd.DataFrame],
-              failures: list[str]) -> list[pd.DataFrame]:
-    """Summary rows of every evaluator on one decoder's samples; per-image results are written to
+              failures: list[str], setting: str | None = None) -> list[pd.DataFrame]:
+    """Summary rows of every evaluator on one decoder's samples (with a `setting` column where the
+    decoder ran otherwise than in the paper); per-image results are written to
     per_sample/<decoder>/<evaluator>.csv and kept in `verdicts`. An evaluator that fails is logged
     and named in `failures`; the others still run."""
     frames = []
@@ -342,7 +408,7 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
             failures.append(f"{ev.name} on {decoder} ({type(err).__name__}: {err})")
             continue
         table = res.summary.copy()
-        for key, val in reversed(_run_columns(cfg, decoder).items()):
+        for key, val in reversed(_run_columns(cfg, decoder, setting).items()):
             table.insert(0, key, val)
         table.insert(len(RUN_KEYS), "evaluator", ev.name)
         table.insert(len(RUN_KEYS) + 1, "evaluator_version", ev.version)
