@@ -106,9 +106,10 @@ def describe_points(points_by_metric: dict[str, Sequence[Point]]) -> str:
 
 
 def _with_interval(value: float, interval: tuple[float, float] | None, decimals: int) -> str:
-    """`value` followed by "[low, high]" where there is an interval."""
+    """`value` followed by "[low, high]", or by "(no interval)" where the results give none (a
+    GenEval with a tag of one image has no standard error; the paper's numbers have none)."""
     if interval is None:
-        return f"{value:.{decimals}f}"
+        return f"{value:.{decimals}f} (no interval)"
     return f"{value:.{decimals}f} [{interval[0]:.{decimals}f}, {interval[1]:.{decimals}f}]"
 
 
