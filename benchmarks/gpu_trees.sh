@@ -29,7 +29,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 ROWS=(--variant eagle2=eagle2
       --variant lantern_k32p=lantern:accept.k=32,accept.delta=0.4,accept.on_reject=pooled
-      --variant lantern=lantern)
+      --variant lantern=lantern:accept.k=1000,accept.on_reject=neighbourhood)  # the paper's setting (the x2 world's own is k 32 pooled)
 FID_FLAG=()
 [ "${FID:-0}" = 1 ] && FID_FLAG=(--fid)
 

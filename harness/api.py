@@ -18,6 +18,9 @@ METRIC_COLUMNS = ("metric", "subset", "value", "stderr", "n", "higher_is_better"
 # Optional summary columns beside METRIC_COLUMNS: a confidence interval of `value` (NaN where none;
 # speedup_vs_raster has one, harness/run.py).
 INTERVAL_COLUMNS = ("ci_low", "ci_high")
+# Optional run column of summary rows: the decoder's setting where it differs from the paper's, e.g.
+# "k=32, δ=0.4, on_reject=pooled" (harness/comparisons.decoder_setting); absent or empty at the paper's.
+SETTING_COLUMN = "setting"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

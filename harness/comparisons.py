@@ -4,16 +4,21 @@
 repetitions), with a paired bootstrap confidence interval (`stderr`, `ci_low`, `ci_high`).
 `geneval_gap_vs_raster`: the paired difference of per-image GenEval verdicts, with its standard
 error. `warn_noisy_timing` names the decoders whose `timing_noise` exceeds the threshold.
+`decoder_setting` says how a decoder's setting differs from the paper's (a row run at a world's
+operating point is labelled with it).
 """
 from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from omegaconf import DictConfig, OmegaConf
 
 from harness.api import INTERVAL_COLUMNS
+from harness.store.binding import signature_defaults
 from harness.store.summary import paired_difference
 
 log = logging.getLogger(__name__)
@@ -183,3 +188,55 @@ def _with_geneval_gap(summary: pd.DataFrame, verdicts: dict[tuple[str, str], pd.
         rows.append({**row.to_dict(), "metric": "geneval_gap_vs_raster", "value": gap, "stderr": stderr,
                      "higher_is_better": True})
     return pd.concat([summary, pd.DataFrame(rows)], ignore_index=True) if rows else summary
+
+
+def decoder_setting(cfg: DictConfig, decoder: str, bound: dict[str, Any] | None = None) -> str | None:
+    """The decoder's setting, e.g. "k=32, δ=0.4, on_reject=pooled", where it differs from the paper's;
+    None at the paper's setting or for a decoder whose config declares none (`paper_setting`: the
+    paper's values of the keys a world's operating point may move). Read from the binding of the
+    images scored (`bound`: a stored set made under another setting is labelled with its own), else
+    from this job's config; a key the binding predates has its target's default (harness/store/binding.py)."""
+    node = (cfg.get("decoder") or {}).get(decoder)
+    paper = node.get("paper_setting") if node is not None else None
+    if not paper:
+        return None
+    stored = (bound or {}).get("decoder")
+    used = stored if isinstance(stored, dict) else OmegaConf.to_container(node, resolve=True)
+    pairs = [(path, value, _value_at(used, path))
+             for path, value in _leaves(OmegaConf.to_container(paper, resolve=True))]
+    if all(_json_equal(value, now) for _, value, now in pairs):
+        return None
+    from harness.report.specs import swept_label  # plain labels (no plotting library)
+
+    return ", ".join(f"{swept_label('.'.join(path))}={_plain(now)}" for path, _, now in pairs)
+
+
+def _leaves(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(key path, value) of every leaf of a nested dict."""
+    if not isinstance(tree, dict):
+        return [(path, tree)]
+    return [leaf for key, value in tree.items() for leaf in _leaves(value, (*path, str(key)))]
+
+
+def _value_at(tree: Any, path: tuple[str, ...]) -> Any:
+    """The value at `path` in a decoder node; a missing last key reads as its `_target_`'s default."""
+    for key in path[:-1]:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    if not isinstance(tree, dict):
+        return None
+    if path[-1] in tree:
+        return tree[path[-1]]
+    target = tree.get("_target_")
+    return signature_defaults(target).get(path[-1]) if isinstance(target, str) else None
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as config values (1000 == 1000.0; a string only equals the same string)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def _plain(value: Any) -> str:
+    """A setting value as shown: numbers without trailing zeros."""
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -17,10 +17,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness import moved, preflight
-from harness.api import ConfigValueError, Evaluator, InputError, ModelBundle, SamplingParams
+from harness.api import SETTING_COLUMN, ConfigValueError, Evaluator, InputError, ModelBundle, SamplingParams
 from harness.checks import build as _build
 from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
-from harness.comparisons import warn_noisy_timing, with_comparisons
+from harness.comparisons import decoder_setting, warn_noisy_timing, with_comparisons
 from harness.datasets.prompts import select
 from harness.generate import Job, generate_all
 from harness.models.guidance import Guided
@@ -150,7 +150,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
             frames += _evaluate(cfg, name, sample_set.view(full_plan), evaluators, out_dir, verdicts,
-                                failures)
+                                failures, setting=decoder_setting(cfg, name, bound[name]))
             _write_summary(out_dir, frames, verdicts)
     table = _write_summary(out_dir, frames, verdicts)
     extra.update(sample_sets=bound, summary_rows=len(table))
@@ -178,14 +178,15 @@ def _failure_list(failures: list[tuple[str, str, str]]) -> str:
 
 
 def _report(cfg: DictConfig, out_dir: Path) -> None:
-    """Write the run's static HTML report (tables and figures) under <run dir>/report and name it;
-    a failure to draw is logged, never fatal to the run."""
+    """Write the run's static HTML report under <run dir>/report and name it: its index.html shows
+    this run's tables (every column defined) and figures; a failure to draw is logged, never fatal
+    to the run."""
     if not cfg.get("report", True):
         return
-    from harness.report.tables import regenerate  # matplotlib only when a report is wanted
+    from harness.report.tables import run_report  # matplotlib only when a report is wanted
 
     try:
-        regenerate([out_dir], out_dir / "report", paper_rows=False)
+        run_report(out_dir, out_dir / "report")
     except Exception as err:  # noqa: BLE001 - a report is a view of results already written
         log.warning("no HTML report: %s: %s", type(err).__name__, err)
         return
@@ -233,9 +234,13 @@ def _writable(folder: Path, what: str) -> None:
                                "point it to a writable folder") from err
 
 
-def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
+def _run_columns(cfg: DictConfig, decoder: str, setting: str | None = None) -> dict[str, Any]:
+    """The columns that say which run a row comes from; `setting` (decoder_setting) where the
+    decoder ran otherwise than in the paper."""
     cols = {"experiment": cfg.name, "model": cfg.model.get("name", "model"), "decoder": decoder,
             "dataset": cfg.dataset.get("name", "dataset"), "engine": str(cfg.get("engine") or "eager")}
+    if setting:
+        cols[SETTING_COLUMN] = setting
     for key in cfg.get("swept_keys") or []:
         cols[str(key)] = OmegaConf.select(cfg, str(key))
     return cols
@@ -243,8 +248,9 @@ def _run_columns(cfg: DictConfig, decoder: str) -> dict[str, Any]:
 
 def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: list[Evaluator],
               out_dir: Path, verdicts: dict[tuple[str, str], pd.DataFrame],
-              failures: list[tuple[str, str, str]]) -> list[pd.DataFrame]:
-    """Summary rows of every evaluator on one decoder's samples; per-image results are written to
+              failures: list[tuple[str, str, str]], setting: str | None = None) -> list[pd.DataFrame]:
+    """Summary rows of every evaluator on one decoder's samples (with a `setting` column where the
+    decoder ran otherwise than in the paper); per-image results are written to
     per_sample/<decoder>/<evaluator>.csv and kept in `verdicts`. An evaluator that fails is logged
     and named in `failures`; the others still run."""
     frames = []
@@ -257,7 +263,7 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
             failures.append((ev.name, decoder, f"{type(err).__name__}: {err}"))
             continue
         table = res.summary.copy()
-        for key, val in reversed(_run_columns(cfg, decoder).items()):
+        for key, val in reversed(_run_columns(cfg, decoder, setting).items()):
             table.insert(0, key, val)
         table.insert(len(RUN_KEYS), "evaluator", ev.name)
         table.insert(len(RUN_KEYS) + 1, "evaluator_version", ev.version)

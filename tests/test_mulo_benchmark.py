@@ -188,7 +188,7 @@ def test_the_main_table_is_the_pipeline_run_it_prints(argv: list[str], seed: int
     assert speedups.ci_low.notna().all()
     cells = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:]] for line in lines
              if line.startswith("| ") and line.count("|") > 4}
-    for decoder, label in (("zipar", "ZipAR"), ("mulo_sd", "MuLo-SD"), ("raster", "Raster AR")):
+    for decoder, label in (("zipar", "ZipAR (window=8)"), ("mulo_sd", "MuLo-SD"), ("raster", "Raster AR")):
         row = speedups.loc[decoder]
         assert f"{row.value:.2f}× [{row.ci_low:.2f}, {row.ci_high:.2f}]" in cells[label], (decoder, cells[label])
     # two quality images: the verdict is followed by the warning that it cannot resolve 2 points

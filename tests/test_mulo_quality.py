@@ -19,9 +19,9 @@ COMMON = ["--model", "random", "--batch", "3", "--device", "cpu", *TINY]
 
 
 def _rows(out: str) -> dict[str, list[str]]:
-    """The printed Markdown table: method -> its cells."""
-    return {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:-1]] for line in out.splitlines()
-            if line.startswith("| ") and line.count("|") > 4 and "Method" not in line}
+    """The printed Markdown table: method (without the setting a label may add) -> its cells."""
+    return {line.split("|")[2].strip().split(" (")[0]: [c.strip() for c in line.split("|")[3:-1]]
+            for line in out.splitlines() if line.startswith("| ") and line.count("|") > 4 and "Method" not in line}
 
 
 def test_a_variant_names_a_decoder_and_its_overrides() -> None:
@@ -37,8 +37,10 @@ def test_a_variant_names_a_decoder_and_its_overrides() -> None:
 def test_sweep_is_an_untimed_pipeline_run_whose_verdicts_give_the_printed_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     summary = main([*COMMON, "--prompts", "6", "--out", str(tmp_path), "--variant", "tau0=mulo_sd:accept.tau=0.0",
                     "--variant", "z2=zipar:window=2"])
-    rows = _rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    rows = _rows(out)
     assert list(rows) == ["raster", "tau0", "z2"]
+    assert "| z2 (window=2) " in out  # ZipAR off the paper's window 16 says so
     assert "latency_s" not in set(summary.metric), "untimed"
     raster = pd.read_csv(tmp_path / "per_sample" / "raster" / "geneval.csv")
     assert len(raster) == 6 and {"sample_id", "tag", "correct", "reason"} <= set(raster.columns)

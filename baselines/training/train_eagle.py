@@ -63,7 +63,7 @@ def build_bundle(model: str, overrides: Sequence[str] = ()) -> tuple[ModelBundle
         cfg = compose(config_name="config", overrides=[f"model={model}", *overrides])
     node = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(node, dict)
-    for key in ("name", "sampling", "requires", "provides", "eagle_head"):
+    for key in ("name", "sampling", "requires", "provides", "eagle_head", "operating_points"):
         node.pop(key, None)
     builder = node.get("_target_")
     if builder == "harness.shapes.bundle.load":  # the target alone: no drafters, no head

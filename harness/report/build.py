@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from harness.report.paper_reference import paper_labels
-from harness.report.cells import DERIVED_FROM, select_cells
+from harness.report.cells import DERIVED_FROM, SETTING, select_cells
 from harness.report.specs import METHOD_LABELS, MODEL_LABELS, MetricSpec, TableSpec
 
 
@@ -83,10 +83,12 @@ def build_table(frame: pd.DataFrame, spec: TableSpec, facts: pd.DataFrame, paper
     if spec.drop_empty_metrics:
         metrics = tuple(m for m in metrics if (cells["key"] == m.key).any())
     bases, methods = paper_labels(facts, "main")
+    at = swept.index(SETTING) if SETTING in swept else None
+    labels = methods if spec.paper_table else {}
     rows = tuple(
         Row(model=model, decoder=decoder, swept=tuple(values),
             model_label=bases.get(model) or MODEL_LABELS.get(model, model),
-            method_label=_method_label(spec, model, decoder, methods if spec.paper_table else {}),
+            method_label=_with_setting(_method_label(spec, model, decoder, labels), None if at is None else values[at]),
             cells={m.key: _cell(cells, swept, (model, decoder, *values), m.key, paper) for m in metrics})
         for model, decoder, *values in keys
     )
@@ -137,6 +139,12 @@ def _method_label(spec: TableSpec, model: str, decoder: str, paper_methods: dict
     """The paper's label for this (model, decoder), else the spec's, else the generic one."""
     return (paper_methods.get((model, decoder)) or dict(spec.methods).get(decoder)
             or METHOD_LABELS.get(decoder, decoder))
+
+
+def _with_setting(label: str, setting: Any) -> str:
+    """The method's label, followed by its setting where the row ran otherwise than in the paper
+    (e.g. "LANTERN (k=32, δ=0.4, on_reject=pooled)")."""
+    return f"{label} ({setting})" if setting else label
 
 
 def _clean(value: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.api import INTERVAL_COLUMNS, METRIC_COLUMNS
+from harness.api import INTERVAL_COLUMNS, METRIC_COLUMNS, SETTING_COLUMN
 from harness.report.specs import MetricSpec
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,9 @@ SPEEDUP_METRIC = "speedup_vs_raster"
 DERIVED_FROM = "speedup_raster_run"  # column of derived speed-up rows: the raster run they divide
 NOT_SWEPT = frozenset({*RUN_COLUMNS, *METRIC_COLUMNS, *INTERVAL_COLUMNS, "run_dir", DERIVED_FROM})
 VARYING_ONLY = frozenset({"engine"})  # run columns shown only when they differ between rows
+# SETTING (a decoder's setting where it differs from the paper's, harness/comparisons.decoder_setting) is a row key like a
+# swept key, shown in the method's label rather than as a column of its own.
+SETTING = SETTING_COLUMN
 ROW_KEYS = ("model", "decoder")
 CELL_COLUMNS = ("key", "value", "stderr", *INTERVAL_COLUMNS, "n", "run_dir", DERIVED_FROM)
 
@@ -126,4 +129,4 @@ def _key(row: pd.Series, columns: list[str]) -> tuple[Any, ...]:
     return tuple(None if pd.isna(row[c]) else row[c] for c in columns)
 
 
-__all__ = ["DERIVED_FROM", "SPEEDUP_METRIC", "select_cells", "swept_columns", "with_derived_speedup"]
+__all__ = ["DERIVED_FROM", "SETTING", "SPEEDUP_METRIC", "select_cells", "swept_columns", "with_derived_speedup"]

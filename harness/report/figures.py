@@ -1,7 +1,9 @@
 """The paper's figures from the results store (matplotlib, PNG + PDF).
 
 - speed_quality: quality against speed-up; each tau sweep is a line (points annotated with τ),
-  every other method a point, the paper's numbers for the model as hollow markers;
+  every other method a point, the paper's numbers for the model as hollow markers; each of our
+  points has its 95% intervals as error bars (speed-up horizontal, quality vertical) and the points
+  are listed in words beside the figure (<stem>.txt: the page's description of the figure);
 - rejection_heatmaps: the mean rejections per token position of each drafting method, on the
   token grid, one panel per method with a shared colour scale;
 - image_grid: the same prompts and seeds (same sample ids) across methods, methods as rows.
@@ -31,6 +33,8 @@ FORMATS = ("png", "pdf")
 QUALITY_LABELS = {"geneval": "GenEval ↑", "fid": "FID ↓", "hpsv2": "HPSv2 ↑", "dpg_bench": "DPG-Bench ↑"}
 MAX_PANELS = 12
 PAPER_SUFFIX = " (paper)"
+SPEEDUP_INTERVAL = "bootstrap over the timed images and their repetitions, paired with raster"
+QUALITY_INTERVAL = "± 1.96 standard errors of the score (GenEval: over the images of each tag)"
 _MARKERS = "sD^vP*Xph<>"
 
 
@@ -45,6 +49,7 @@ class Point:
     tau: float | None = None
     paper: bool = False
     speedup_ci: tuple[float, float] | None = None  # the speed-up's 95% interval: a horizontal error bar
+    quality_ci: tuple[float, float] | None = None  # the quality's 95% interval: a vertical error bar
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +74,8 @@ def save(figure: Figure, stem: Path) -> list[Path]:
 
 
 def speed_quality(points_by_metric: dict[str, Sequence[Point]], title: str, stem: Path) -> list[Path]:
-    """One panel per quality metric: quality (y) against speed-up (x)."""
+    """One panel per quality metric: quality (y) against speed-up (x), our points with their
+    intervals as error bars; also <stem>.txt, every point in words (describe_points)."""
     metrics = [m for m, points in points_by_metric.items() if points]
     if not metrics:
         raise ValueError("no points with both a speed-up and a quality value to plot")
@@ -82,7 +88,29 @@ def speed_quality(points_by_metric: dict[str, Sequence[Point]], title: str, stem
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize="small", loc="best")
     figure.suptitle(title)
-    return save(figure, stem)
+    paths = save(figure, stem)
+    text = stem.with_name(f"{stem.name}.txt")
+    write_atomic(text, describe_points({m: points_by_metric[m] for m in metrics}).encode("utf-8"))
+    return [*paths, text]
+
+
+def describe_points(points_by_metric: dict[str, Sequence[Point]]) -> str:
+    """The speed-quality figure in words, one line per point: speed-up and quality, each with its
+    95% interval where it has one ("LANTERN: speed-up 0.77 [0.44, 1.10], GenEval ↑ 76.7 [74.3, 79.1]")."""
+    lines = [f"Bars: 95% intervals; speed-up: {SPEEDUP_INTERVAL}; quality: {QUALITY_INTERVAL}."]
+    for metric, points in points_by_metric.items():
+        for p in points:
+            lines.append(f"{p.label}: speed-up {_with_interval(p.speedup, p.speedup_ci, 2)}, "
+                         f"{QUALITY_LABELS.get(metric, metric)} {_with_interval(p.quality, p.quality_ci, 1)}")
+    return "\n".join(lines) + "\n"
+
+
+def _with_interval(value: float, interval: tuple[float, float] | None, decimals: int) -> str:
+    """`value` followed by "[low, high]", or by "(no interval)" where the results give none (a
+    GenEval with a tag of one image has no standard error; the paper's numbers have none)."""
+    if interval is None:
+        return f"{value:.{decimals}f} (no interval)"
+    return f"{value:.{decimals}f} [{interval[0]:.{decimals}f}, {interval[1]:.{decimals}f}]"
 
 
 def _plot_points(axis: object, points: Sequence[Point]) -> None:
@@ -109,12 +137,17 @@ def _plot_points(axis: object, points: Sequence[Point]) -> None:
 
 
 def _error_bar(axis: object, point: Point, color: str) -> None:
-    """The speed-up's confidence interval as a horizontal bar through the point (when it has one)."""
+    """The point's confidence intervals as bars through it: the speed-up's horizontal, the
+    quality's vertical (each where the point has one)."""
+    if point.speedup_ci is None and point.quality_ci is None:
+        return
+    xerr = yerr = None
     if point.speedup_ci is not None:
-        low, high = point.speedup_ci
-        xerr = [[point.speedup - low], [high - point.speedup]]
-        axis.errorbar([point.speedup], [point.quality], xerr=xerr, fmt="none", ecolor=color,  # type: ignore[attr-defined]
-                      alpha=0.6, capsize=2)
+        xerr = [[point.speedup - point.speedup_ci[0]], [point.speedup_ci[1] - point.speedup]]
+    if point.quality_ci is not None:
+        yerr = [[point.quality - point.quality_ci[0]], [point.quality_ci[1] - point.quality]]
+    axis.errorbar([point.speedup], [point.quality], xerr=xerr, yerr=yerr, fmt="none",  # type: ignore[attr-defined]
+                  ecolor=color, alpha=0.6, capsize=2)
 
 
 def _method(point: Point) -> str:
@@ -209,5 +242,5 @@ def heatmap_of(samples: SampleSet) -> np.ndarray | None:
         return None
 
 
-__all__ = ["Panel", "Point", "common_samples", "heatmap_of", "image_grid", "rejection_heatmaps",
-           "samples_root", "save", "speed_quality"]
+__all__ = ["Panel", "Point", "common_samples", "describe_points", "heatmap_of", "image_grid",
+           "rejection_heatmaps", "samples_root", "save", "speed_quality"]

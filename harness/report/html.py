@@ -20,13 +20,16 @@ body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 80rem; 
 table.results { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
 table.results caption { font-weight: bold; text-align: left; padding-bottom: 0.4rem; }
 table.results th, table.results td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; }
-table.results td { text-align: right; }
+table.results td { text-align: right; white-space: nowrap; }
 table.results td:first-child, table.results td:nth-child(2) { text-align: left; }
 td.missing { color: #aaa; } td.paper { color: #555; } td.better { color: #176f2c; } td.worse { color: #a11; }
 p.note { font-size: 0.85rem; color: #444; max-width: 60rem; }
 figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.9rem; color: #333; }
 code { background: #f4f4f4; padding: 0 0.2rem; }
+dl.legend { font-size: 0.8rem; color: #444; max-width: 60rem; display: grid; grid-template-columns: max-content 1fr;
+  gap: 0.15rem 0.8rem; margin: 0.5rem 0 1rem; } dl.legend dt { font-weight: bold; } dl.legend dd { margin: 0; }
+th[title] { cursor: help; text-decoration: underline dotted; }
 """
 
 
@@ -51,14 +54,25 @@ def write_page(path: Path, title: str, sections: Sequence[Section], runs: Sequen
             links = ", ".join(_link(path, p, p.name) for p in section.downloads)
             body.append(f'<p class="note">Download: {links}</p>')
         for caption, image in section.figures:
-            pdf = image.with_suffix(".pdf")
-            extra = f" ({_link(path, pdf, 'PDF')})" if pdf.is_file() else ""
-            body.append(f'<figure><img src="{html.escape(_relative(path, image))}" alt="{html.escape(caption)}">'
-                        f"<figcaption>{html.escape(caption)}{extra}</figcaption></figure>")
+            body.append(_figure(path, caption, image))
     if runs:
         items = "".join(f"<li><code>{html.escape(run)}</code></li>" for run in runs)
         body.append(f"<h2>Runs</h2><ul>{items}</ul>")
     return _write(path, title, body)
+
+
+def _figure(page: Path, caption: str, image: Path) -> str:
+    """A <figure>: the image, its caption and links to its PDF and to its points in words (<stem>.txt,
+    also the image's alt text) where they were written beside it."""
+    pdf, words = image.with_suffix(".pdf"), image.with_suffix(".txt")
+    links = [_link(page, pdf, "PDF")] if pdf.is_file() else []
+    alt = caption
+    if words.is_file():  # the figure in words: what its bars mean, then every point with its intervals
+        links.append(_link(page, words, "points"))
+        alt = "; ".join(line for line in words.read_text(encoding="utf-8").splitlines() if line)
+    extra = f" ({', '.join(links)})" if links else ""
+    return (f'<figure><img src="{html.escape(_relative(page, image))}" alt="{html.escape(alt.strip())}">'
+            f"<figcaption>{html.escape(caption)}{extra}</figcaption></figure>")
 
 
 def write_index(path: Path, pages: Sequence[tuple[str, Path]], tables: Sequence[Path] = ()) -> Path:

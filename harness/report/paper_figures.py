@@ -8,6 +8,7 @@ the methods of experiment `main` as baseline points.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -15,13 +16,15 @@ import pandas as pd
 from harness.report import figures
 from harness.report.figures import PAPER_SUFFIX, Panel, Point
 from harness.store.samples import SampleSet
-from harness.report.build import Row, Table, build_table
+from harness.report.build import Cell, Row, Table, build_table
+from harness.report.cells import SETTING
 from harness.report.specs import DPG_BENCH, FID, GENEVAL, HPSV2, SPEEDUP, TableSpec, spec_for, swept_label
 
 log = logging.getLogger(__name__)
 
 BASELINE_SOURCES = {"tau_sweep": ("main",)}
 QUALITY = (GENEVAL, FID, HPSV2, DPG_BENCH)
+Z95 = 1.959964  # standard normal quantile of a two-sided 95% interval
 
 
 def experiment_figures(frame: pd.DataFrame, facts: pd.DataFrame, experiment: str, folder: Path,
@@ -36,7 +39,9 @@ def experiment_figures(frame: pd.DataFrame, facts: pd.DataFrame, experiment: str
         baseline = ", ".join(BASELINE_SOURCES.get(experiment, ()))
         sources = {id(row): f" ({baseline})" if baseline and all(row is not o for o in own) else ""
                    for row in rows}
-        written += _try(f"Speed-quality trade-off, {label}", lambda: figures.speed_quality(
+        caption = (f"Speed-quality trade-off, {label}. Bars: 95% intervals (speed-up, horizontal: "
+                   f"{figures.SPEEDUP_INTERVAL}; quality, vertical: {figures.QUALITY_INTERVAL})")
+        written += _try(caption, lambda: figures.speed_quality(
             _points(rows, table, facts, model, sources), f"{experiment}: {label}", folder / f"speed_quality_{model}"))
         panels = [Panel(_row_label(row, table), SampleSet(figures.samples_root(run) / row.decoder))
                   for row in own for run in [_run_of(row)] if run]
@@ -70,12 +75,14 @@ def _points(rows: list[Row], table: Table, facts: pd.DataFrame, model: str,
             if speed is None or quality is None:
                 continue
             tau = row.swept[tau_at] if tau_at is not None else None
-            others = [(c, v) for i, (c, v) in enumerate(zip(table.swept, row.swept)) if i != tau_at and v is not None]
+            others = [(c, v) for i, (c, v) in enumerate(zip(table.swept, row.swept))
+                      if i != tau_at and v is not None and c != SETTING]  # the setting is in the label
             name = " ".join([row.method_label, *(f"{swept_label(c)}={v:g}" if isinstance(v, float) else
                                                  f"{swept_label(c)}={v}" for c, v in others)]) + sources[id(row)]
             cell = row.cells["speedup"]
             interval = (cell.ci_low, cell.ci_high) if cell.ci_low is not None and cell.ci_high is not None else None
             points.append(Point(label=name, speedup=speed, quality=quality, speedup_ci=interval,
+                                quality_ci=_quality_interval(row.cells[metric.key]),
                                 series=name if tau is not None else None, tau=None if tau is None else float(tau)))
         paper = facts[(facts["model"] == model) & (facts["table"] == "main")]
         for method, group in paper.groupby("method", sort=False):
@@ -85,6 +92,18 @@ def _points(rows: list[Row], table: Table, facts: pd.DataFrame, model: str,
                                     quality=values[metric.key], paper=True))
         out[metric.key] = points
     return out
+
+
+def _quality_interval(cell: Cell) -> tuple[float, float] | None:
+    """A quality value's 95% interval: its own where the results give one, else ± 1.96 standard
+    errors (None where the results give neither)."""
+    if cell.ours is None:
+        return None
+    if cell.ci_low is not None and cell.ci_high is not None:
+        return cell.ci_low, cell.ci_high
+    if cell.stderr is None or not math.isfinite(cell.stderr):
+        return None
+    return cell.ours - Z95 * cell.stderr, cell.ours + Z95 * cell.stderr
 
 
 def _in_experiment(row: Row, frame: pd.DataFrame, experiment: str) -> bool:
@@ -102,7 +121,7 @@ def _run_of(row: Row) -> str | None:
 def _row_label(row: Row, table: Table) -> str:
     """Method label plus swept values, e.g. "MuLo-SD k=4 τ=0.1"."""
     parts = [f"{swept_label(c)}={v:g}" if isinstance(v, float) else f"{swept_label(c)}={v}"
-             for c, v in zip(table.swept, row.swept) if v is not None]
+             for c, v in zip(table.swept, row.swept) if v is not None and c != SETTING]
     return " ".join([row.method_label, *parts])
 
 

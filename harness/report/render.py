@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from harness.report.build import Cell, Row, Table
+from harness.report.cells import SETTING
 from harness.report.specs import MISSING, MetricSpec, swept_label
 
 LATEX_MISSING = "--"
@@ -71,13 +72,14 @@ def header(metric: MetricSpec) -> str:
 
 
 def key_headers(table: Table) -> list[str]:
-    return ["Model", "Method", *(swept_label(c) for c in table.swept)]
+    """Model, method and the swept keys (a row's setting is part of its method label instead)."""
+    return ["Model", "Method", *(swept_label(c) for c in table.swept if c != SETTING)]
 
 
 def key_cells(table: Table, row: Row, previous: Row | None) -> list[str]:
     """Model label (blank when it repeats the previous row's), method label, swept values."""
     model = "" if previous is not None and previous.model == row.model else row.model_label
-    return [model, row.method_label, *(_swept_text(v) for v in row.swept)]
+    return [model, row.method_label, *(_swept_text(v) for c, v in zip(table.swept, row.swept) if c != SETTING)]
 
 
 def value_cells(table: Table, row: Row, missing: str = MISSING) -> list[str]:
@@ -157,18 +159,44 @@ def to_latex(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+def column_definitions(table: Table) -> list[tuple[str, str]]:
+    """(header, what the column holds) for every column of the table as shown: the report's legend
+    and its headers' tooltips."""
+    swept = [c for c in table.swept if c != SETTING]
+    out = [("Model", "the model the images come from (config group model)."),
+           ("Method", ("the decoder (config group decoder). A setting in parentheses, e.g. (k=32, δ=0.4, "
+                       "on_reject=pooled), is where the row ran otherwise than in the paper: the model's "
+                       "operating point on its world or an override (docs/configuration.md, \"Operating "
+                       "points\"); the paper's values are compared only at the paper's setting.")),
+           *((swept_label(c), f"the value of config key {c} in the run that made the row.") for c in swept)]
+    for metric in table.metrics:
+        better = "higher is better" if metric.higher_is_better else "lower is better"
+        out.append((header(metric), f"{metric.definition or metric.metric} ({better})"))
+    if table.with_paper:
+        out += [("ours", "the value measured here, from the runs listed on the page."),
+                ("paper", "the paper's value for this model and method (harness/data/paper_numbers.csv)."),
+                ("Δ", "ours − paper, in the paper's units (green: ours better, red: worse).")]
+    return out
+
+
 def to_html(table: Table) -> str:
-    """An HTML <table> (with a caption and notes) for the static report; Δ cells are classed
-    "better"/"worse" by the metric's direction, uncovered cells "missing"."""
+    """An HTML <table> (with a caption, notes and a legend defining every column, also the headers'
+    tooltips) for the static report; Δ cells are classed "better"/"worse" by the metric's
+    direction, uncovered cells "missing"."""
     keys = key_headers(table)
+    defined = dict(column_definitions(table))
+
+    def th(text: str, span: str = "") -> str:
+        tip = f' title="{html.escape(defined[text])}"' if text in defined else ""
+        return f"<th{span}{tip}>{html.escape(text)}</th>"
+
     out = [f'<table class="results"><caption>{html.escape(table.spec.title)}</caption><thead>']
     if table.with_paper:
-        out.append("<tr>" + "".join(f'<th rowspan="2">{html.escape(h)}</th>' for h in keys)
-                   + "".join(f'<th colspan="3">{html.escape(header(m))}</th>' for m in table.metrics) + "</tr>")
-        out.append("<tr>" + "<th>ours</th><th>paper</th><th>Δ</th>" * len(table.metrics) + "</tr>")
+        out.append("<tr>" + "".join(th(h, ' rowspan="2"') for h in keys)
+                   + "".join(th(header(m), ' colspan="3"') for m in table.metrics) + "</tr>")
+        out.append("<tr>" + f"{th('ours')}{th('paper')}{th('Δ')}" * len(table.metrics) + "</tr>")
     else:
-        out.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in keys + [header(m) for m in table.metrics])
-                   + "</tr>")
+        out.append("<tr>" + "".join(th(h) for h in keys + [header(m) for m in table.metrics]) + "</tr>")
     out.append("</thead><tbody>")
     for row, previous in zip(table.rows, (None, *table.rows[:-1])):
         cells = [f"<td>{html.escape(c)}</td>" for c in key_cells(table, row, previous)]
@@ -177,6 +205,8 @@ def to_html(table: Table) -> str:
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     out += [f'<p class="note">{html.escape(line)}</p>' for line in notes(table)]
+    out.append('<dl class="legend">' + "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(text)}</dd>"
+                                                for name, text in column_definitions(table)) + "</dl>")
     return "\n".join(out) + "\n"
 
 
@@ -260,5 +290,5 @@ Renderer = Callable[[Table], str]
 FORMATS: dict[str, tuple[str, Renderer]] = {"md": (".md", to_markdown), "tex": (".tex", to_latex),
                                             "csv": (".csv", to_csv), "sources": ("_sources.csv", to_sources_csv)}
 
-__all__ = ["FORMATS", "format_delta", "format_ours", "format_value", "has_intervals", "latex_escape", "to_csv",
+__all__ = ["FORMATS", "column_definitions", "format_delta", "format_ours", "format_value", "has_intervals", "latex_escape", "to_csv",
            "to_html", "to_latex", "to_markdown", "to_sources_csv"]

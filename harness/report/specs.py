@@ -20,6 +20,7 @@ class MetricSpec:
     metric, subset: where the value is in the results (summary.csv `metric`, `subset`).
     scale: factor from the harness's unit to the shown unit (GenEval fraction -> percent).
     error: show the value's standard error ("value ± stderr") where the results give one.
+    definition: what the column holds, in the shown unit (the report's legend and header tooltip).
     """
 
     key: str
@@ -31,6 +32,7 @@ class MetricSpec:
     higher_is_better: bool = True
     suffix: str = ""
     error: bool = False
+    definition: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +57,44 @@ class TableSpec:
     drop_empty_metrics: bool = False
 
 
-SPEEDUP = MetricSpec("speedup", "Speed-up", "speedup_vs_raster", decimals=2, suffix="×")
-GENEVAL = MetricSpec("geneval", "GenEval", "geneval", scale=100.0)
-DPG_BENCH = MetricSpec("dpg_bench", "DPG-Bench", "dpg_bench")
-FID = MetricSpec("fid", "FID", "fid", higher_is_better=False)
-HPSV2 = MetricSpec("hpsv2", "HPSv2", "hpsv2")
-ACCEPTANCE = MetricSpec("acceptance_rate", "Acceptance", "acceptance_rate", scale=100.0, suffix="%")
-STEP_COMPRESSION = MetricSpec("step_compression", "Step compr.", "step_compression", decimals=2)
-LATENCY = MetricSpec("latency_s", "Latency (s)", "latency_s", decimals=3, higher_is_better=False)
-TARGET_FORWARDS = MetricSpec("target_forwards", "Target fwd", "target_forwards", higher_is_better=False)
-DRAFTER_FORWARDS = MetricSpec("drafter_forwards", "Drafter fwd", "drafter_forwards", higher_is_better=False)
-CLIP_SCORE = MetricSpec("clip_score", "CLIP score", "clip_score", decimals=2)
+SPEEDUP = MetricSpec("speedup", "Speed-up", "speedup_vs_raster", decimals=2, suffix="×", definition=(
+    "raster AR's median decode latency per image divided by the method's, both timed in the same run "
+    "(speedup_vs_raster); [low, high]: its 95% interval, a bootstrap over the timed images and their "
+    "repeated decodes, paired with raster."))
+GENEVAL = MetricSpec("geneval", "GenEval", "geneval", scale=100.0, definition=(
+    "GenEval overall score, %: the share of images that meet every clause of their prompt (objects, "
+    "counts, colours, positions), averaged over the prompt tags with equal weight (geneval; on the "
+    "shapes worlds judged by the shapes detector)."))
+DPG_BENCH = MetricSpec("dpg_bench", "DPG-Bench", "dpg_bench", definition=(
+    "DPG-Bench score: the share of a dense prompt's questions the VQA judge answers yes to, averaged "
+    "over prompts (dpg_bench)."))
+FID = MetricSpec("fid", "FID", "fid", higher_is_better=False, definition=(
+    "Fréchet Inception distance between the method's images and the reference images (fid; lower is "
+    "closer)."))
+HPSV2 = MetricSpec("hpsv2", "HPSv2", "hpsv2", definition=(
+    "Human Preference Score v2 of the images for their prompts, mean over images (hpsv2)."))
+ACCEPTANCE = MetricSpec("acceptance_rate", "Drafts kept", "acceptance_rate", scale=100.0, suffix="%", definition=(
+    "drafted tokens the target verified and kept unchanged, % of the drafted tokens it verified "
+    "(acceptance_rate = accepted / proposed, summed over the images that drafted). One quantity for "
+    "every drafting method, but not a per-draft acceptance probability: a draft tree (EAGLE-2, "
+    "LANTERN) verifies every node of every branch and keeps at most one path, so its share is low "
+    "even when it keeps 5 tokens a round (compare methods' rounds by Step compr.). Methods that draft "
+    "nothing (raster AR, ZipAR) have none."))
+STEP_COMPRESSION = MetricSpec("step_compression", "Step compr.", "step_compression", decimals=2, definition=(
+    "tokens per target forward: an image's tokens over its target forwards (ratio of sums; raster AR "
+    "1.00; step_compression)."))
+LATENCY = MetricSpec("latency_s", "Latency (s)", "latency_s", decimals=3, higher_is_better=False, definition=(
+    "median decode time per image, seconds, of the timed batch that made it, at timing.batch_size "
+    "(condition and tokens-to-pixels stages excluded; latency_s)."))
+TARGET_FORWARDS = MetricSpec("target_forwards", "Target fwd", "target_forwards", higher_is_better=False,
+                             definition=("target-model forwards per image, mean (a batched forward counts once "
+                                         "for every image in it; raster AR: one per token; target_forwards)."))
+DRAFTER_FORWARDS = MetricSpec("drafter_forwards", "Drafter fwd", "drafter_forwards", higher_is_better=False,
+                              definition=("drafter forwards per image, mean: the EAGLE head of a tree method, "
+                                          "the drafting model of MuLo-SD and draft-model SD; 0 for methods "
+                                          "without one (drafter_forwards)."))
+CLIP_SCORE = MetricSpec("clip_score", "CLIP score", "clip_score", decimals=2, definition=(
+    "CLIP score of the images for their prompts, mean over images (clip_score)."))
 
 ALL_METRICS = (SPEEDUP, LATENCY, ACCEPTANCE, STEP_COMPRESSION, TARGET_FORWARDS, DRAFTER_FORWARDS,
                GENEVAL, DPG_BENCH, FID, HPSV2, CLIP_SCORE)

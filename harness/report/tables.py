@@ -12,6 +12,9 @@ writes, under --out (default results/paper):
     <experiment>/index.html, <experiment>/figures/*.png|pdf    one static report per experiment
     index.html                                  links to every report and table
 
+`python -m harness` writes one run's report with `run_report`: <run dir>/report/index.html shows the
+run's own tables and figures (no index of links), the tables' files under report/tables/.
+
 Tables: main, ablation_upsampling, ablation_pooling, ablation_local, ablation_parallel (see
 harness.report.specs), and a generic table for any other experiment in the store.
 """
@@ -78,8 +81,9 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
     done = Regenerated()
     for name in choose_tables(frame, requested):
         table = build_table(frame, spec_for(name), facts, paper_rows=paper_rows)
-        if table.is_empty() and table.spec.paper_table is None:
-            log.warning("table %s: no results from experiments %s; skipped", name, list(table.spec.experiments))
+        if table.is_empty() and not (table.with_paper and paper_rows):  # a paper table shows the paper's rows
+            log.log(logging.WARNING if requested else logging.INFO,
+                    "table %s: no results from experiments %s; skipped", name, list(table.spec.experiments))
             continue
         done.tables.append(table)
         done.table_files += write_table(table, out / "tables")
@@ -107,23 +111,52 @@ def write_table(table: Table, folder: Path) -> list[Path]:
 def write_reports(frame: pd.DataFrame, facts: pd.DataFrame, done: Regenerated, out: Path,
                   figures: bool, grid_images: int) -> list[Path]:
     """One page per experiment of the built tables that has runs (the figures drawn on the way)."""
-    from harness.report.paper_figures import experiment_figures  # matplotlib only when figures are wanted
-
     present = set(frame["experiment"].dropna().astype(str))
     written = []
     for table in done.tables:
-        experiment = table.spec.experiments[0]
-        if experiment not in present and not table.with_paper:
+        if table.spec.experiments[0] not in present and not table.with_paper:
             continue
-        files = [p for p in done.table_files if p.name.startswith(f"{table.spec.name}.")
-                 or p.name == f"{table.spec.name}_sources.csv"]
-        sections = [report.Section(heading="Table", table_html=to_html(table), downloads=files)]
-        if figures and experiment in present:
-            drawn = experiment_figures(frame, facts, experiment, out / table.spec.name / "figures", grid_images)
-            sections.append(report.Section(heading="Figures", figures=drawn))
+        sections = table_sections(frame, facts, table, done.table_files, out, figures, grid_images)
         page = out / table.spec.name / report.PAGE
         written.append(report.write_page(page, table.spec.title, sections, table.runs))
     return written
+
+
+def table_sections(frame: pd.DataFrame, facts: pd.DataFrame, table: Table, table_files: Sequence[Path],
+                   out: Path, figures: bool, grid_images: int) -> list[report.Section]:
+    """The sections of `table` on a page: the table (with its legend and files), then the figures of
+    its experiment (drawn into out/<table>/figures) when it ran."""
+    from harness.report.paper_figures import experiment_figures  # matplotlib only when figures are wanted
+
+    experiment = table.spec.experiments[0]
+    files = [p for p in table_files if p.name.startswith(f"{table.spec.name}.")
+             or p.name == f"{table.spec.name}_sources.csv"]
+    sections = [report.Section(heading="Table", table_html=to_html(table), downloads=files)]
+    if figures and experiment in set(frame["experiment"].dropna().astype(str)):
+        drawn = experiment_figures(frame, facts, experiment, out / table.spec.name / "figures", grid_images)
+        sections.append(report.Section(heading="Figures", figures=drawn))
+    return sections
+
+
+def run_report(run_dir: Path, out: Path, figures: bool = True, grid_images: int = 6) -> Path:
+    """The report of one run, written under `out`: out/index.html shows the run's tables (each column
+    defined in a legend) and figures itself; tables of experiments the run has no rows for are left
+    out. The tables' files lie under out/tables. Return the page.
+
+    Raises:
+        FileNotFoundError: the run has no summary.csv (its evaluate stage did not run).
+    """
+    done = regenerate([run_dir], out, figures=False, pages=False, paper_rows=False)
+    frame = with_derived_speedup(summary.load([run_dir]))
+    facts = load_paper_numbers()
+    sections = [section for table in done.tables
+                for section in table_sections(frame, facts, table, done.table_files, out, figures, grid_images)]
+    data = [path for path in (Path(run_dir) / summary.SUMMARY_NAME, Path(run_dir) / "run.json") if path.is_file()]
+    if data:
+        sections.append(report.Section(heading="Run files", downloads=data))
+    experiments = ", ".join(dict.fromkeys(str(e) for e in frame["experiment"].dropna()))
+    return report.write_page(out / report.PAGE, f"Run {experiments}: {Path(run_dir).name}", sections,
+                             sorted({run for table in done.tables for run in table.runs}))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,9 @@ PROJECT_PACKAGES = frozenset({"harness", "baselines", "evaluators"})
 # Model config keys that say where or how weights are loaded, not which weights: left out of a
 # SampleSet's binding (the weights themselves are bound by their digest).
 _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
+# Model keys that configure decoders, not the model: a decoder's operating point on this world reaches
+# the binding through the decoder's own keys, so the model's binding leaves it out.
+_DECODER_KEYS = frozenset({"operating_points"})
 _ABSENT = object()
 _trusted: frozenset[str] = PROJECT_PACKAGES
 
@@ -64,9 +67,10 @@ def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.de
     assert isinstance(resolved, dict)
     return {
         "format": BINDING_FORMAT,
-        "model": {"name": cfg.model.get("name", "model"), **_without(resolved["model"], _LOCATION_KEYS)},
+        "model": {"name": cfg.model.get("name", "model"),
+                  **_without(resolved["model"], _LOCATION_KEYS | _DECODER_KEYS)},
         "weights": weights,
-        "decoder": {"name": decoder, **resolved["decoder"][decoder]},
+        "decoder": {"name": decoder, **_without(resolved["decoder"][decoder], frozenset({"paper_setting"}))},
         "sampling": _without(resolved["sampling"], frozenset({TARGET})),
         "seed": cfg.seed,
         "engine": str(cfg.get("engine") or "eager"),

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from harness.api import METRIC_COLUMNS, InputError
+from harness.api import METRIC_COLUMNS, SETTING_COLUMN, InputError
 from harness.store.samples import write_atomic
 
 log = logging.getLogger(__name__)
@@ -275,12 +275,27 @@ def headline(df: pd.DataFrame) -> str:
     rows = df[df["subset"] == "all"] if "subset" in df.columns else df
     chosen = [m for m in HEADLINE_METRICS if (rows["metric"] == m[0]).any()][: HEADLINE_COLUMNS - 1]
     decoders = list(dict.fromkeys(rows["decoder"]))
-    cells = [[str(d)] for d in decoders]
+    labels = _decoder_labels(rows, decoders)
+    cells = [[labels[d]] for d in decoders]
     for metric, _, decimals, with_error in chosen:
         found = rows[rows["metric"] == metric].drop_duplicates("decoder").set_index("decoder")
         for row, decoder in zip(cells, decoders):
             row.append(_cell(found, decoder, decimals, with_error))
-    return _markdown(["decoder", *(m[1] for m in chosen)], cells, numeric_from=1)
+    table = _markdown(["decoder", *(m[1] for m in chosen)], cells, numeric_from=1)
+    if any(labels[d] != str(d) for d in decoders):
+        table += ("\ndecoder (setting): run at another setting than the paper's, e.g. the model's operating "
+                  "point on its world (docs/configuration.md, \"Operating points\")")
+    return table
+
+
+def _decoder_labels(rows: pd.DataFrame, decoders: list[str]) -> dict[str, str]:
+    """Each decoder's name, followed by its `setting` (harness/comparisons.decoder_setting) where it ran otherwise than in
+    the paper: "lantern (k=32, δ=0.4, on_reject=pooled)"."""
+    if SETTING_COLUMN not in rows.columns:
+        return {d: str(d) for d in decoders}
+    found = rows[rows[SETTING_COLUMN].notna() & (rows[SETTING_COLUMN].astype(str) != "")].drop_duplicates("decoder")
+    settings = dict(zip(found["decoder"], found[SETTING_COLUMN].astype(str)))
+    return {d: f"{d} ({settings[d]})" if d in settings else str(d) for d in decoders}
 
 
 def _cell(found: pd.DataFrame, decoder: str, decimals: int, with_error: bool) -> str:
