@@ -8,7 +8,11 @@ the scheduler's run / run-queue wait times), so the noise statistics are compute
 runs, side by side:
 
     noise      the harness's `timing_noise` (evaluators/speed.py), as its summary.csv holds it, and
-               whether the run warned;
+               whether the run warned (against timing.noise_threshold);
+    new        timing_noise recomputed from the repetitions by evaluators/speed.py's
+               timing_noise_of (0.9 quantile over batches): contention and steal;
+    old        the statistic before it (0.9 quantile over batches of the largest of the wall-time
+               spread and the steal), for comparison;
     wait       run-queue wait share: waited / (ran + waited) of the process's threads over a
                decoder's timed decodes (the kernel's schedstat; ~0 when nothing competes);
     spread     median over batches of (max - min) / min of a batch's repetitions;
@@ -34,6 +38,11 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/timing_noise.py` from a clone
+    sys.path.insert(0, str(ROOT))
+
+from evaluators.speed import timing_noise_of  # noqa: E402
+
 log = logging.getLogger("timing_noise")
 LOADS = {
     "busy": "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n",
@@ -51,20 +60,25 @@ def _floats(cell: object) -> list[float]:
 def decoder_figures(stats: pd.DataFrame) -> dict[str, float]:
     """The candidate noise figures of one decoder's stats.csv (timed batches only)."""
     timed = stats[stats["timed"].astype(str).str.lower() == "true"].drop_duplicates("batch_id")
-    spreads, steals, ran, waited = [], [], 0.0, 0.0
+    spreads, steals, ran, waited, new, old = [], [], 0.0, 0.0, [], []
     for _, row in timed.iterrows():
         wall, cpu = _floats(row.get("latency_reps_s")), _floats(row.get("cpu_reps_s"))
-        if len(wall) >= 2 and min(wall) > 0:
-            spreads.append((max(wall) - min(wall)) / min(wall))
-        if cpu and len(cpu) == len(wall):
-            steals.append(statistics.median(max(0.0, 1 - c / w) for c, w in zip(cpu, wall)))
-        ran += sum(_floats(row.get("run_reps_s")))
-        waited += sum(_floats(row.get("wait_reps_s")))
+        run, wait = _floats(row.get("run_reps_s")), _floats(row.get("wait_reps_s"))
+        spread = (max(wall) - min(wall)) / min(wall) if len(wall) >= 2 and min(wall) > 0 else float("nan")
+        spreads.append(spread)
+        steal = [max(0.0, 1 - c / w) for c, w in zip(cpu, wall)] if cpu and len(cpu) == len(wall) else []
+        if steal:
+            steals.append(statistics.median(steal))
+        old.append(max([spread, *steal]))
+        new.append(timing_noise_of(wall, cpu, [], run, wait))
+        ran += sum(run)
+        waited += sum(wait)
     return {
         "batches": len(timed),
+        "new": float(np.nanquantile(new, 0.9)) if new else float("nan"),
+        "old": float(np.nanquantile(old, 0.9)) if old else float("nan"),
         "wait": waited / (ran + waited) if ran + waited > 0 else float("nan"),
-        "spread": float(np.median(spreads)) if spreads else float("nan"),
-        "spread_q90": float(np.quantile(spreads, 0.9)) if spreads else float("nan"),
+        "spread": float(np.nanmedian(spreads)) if spreads else float("nan"),
         "steal": float(np.median(steals)) if steals else float("nan"),
     }
 
@@ -84,11 +98,17 @@ def one_run(out: Path, overrides: list[str], load: str | None, python: str) -> l
         if competitor is not None:
             competitor.kill()
             competitor.wait()
-    wall = time.perf_counter() - start
     (out / "job.log").write_text(done.stdout + done.stderr)
+    (out / "job_s.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
     if done.returncode != 0:
         raise SystemExit(f"the job failed (exit {done.returncode}); its log: {out / 'job.log'}")
-    warned = "timing unreliable for" in done.stderr + done.stdout
+    return read_run(out, load)
+
+
+def read_run(out: Path, load: str | None) -> list[dict[str, object]]:
+    """One row per decoder of the run stored under `out`."""
+    wall = float((out / "job_s.txt").read_text()) if (out / "job_s.txt").is_file() else float("nan")
+    warned = "timing unreliable for" in (out / "job.log").read_text()
     summary = pd.read_csv(out / "summary.csv")
     noise = summary[summary.metric == "timing_noise"].set_index("decoder")["value"]
     rows = []
@@ -107,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", choices=sorted(LOADS), default="busy", help="the competing process")
     ap.add_argument("--out", type=Path, required=True, help="folder of the runs (one sub-folder each)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs the jobs")
+    ap.add_argument("--threshold", type=float, default=0.1, help="timing.noise_threshold the rates are read at")
+    ap.add_argument("--reuse", action="store_true", help="read runs already under --out instead of running them")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of every run (after --)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -114,17 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(f"quiet{i}", None) for i in range(args.quiet)] + [(f"loaded{i}", args.load) for i in range(args.loaded)]
     for name, load in plan:
         log.info("run %s (%s) ...", name, load or "quiet")
-        rows += one_run(args.out / name, args.overrides, load, args.python)
+        rows += (read_run(args.out / name, load) if args.reuse else one_run(args.out / name, args.overrides, load,
+                                                                           args.python))
         log.info("%s", pd.DataFrame(rows[-6:]).to_string(index=False, float_format="%.3f"))
     table = pd.DataFrame(rows)
     table.to_csv(args.out / "runs.csv", index=False)
     print(table.to_string(index=False, float_format="%.3f"))
-    per_run = table.groupby(["run", "load"], sort=False)["warned"].first().reset_index()
+    per_run = table.groupby(["run", "load"], sort=False).agg(
+        warned=("warned", "first"), new=("new", "max"), old=("old", "max")).reset_index()
     quiet, loaded = per_run[per_run.load == "quiet"], per_run[per_run.load != "quiet"]
-    if len(quiet):
-        print(f"false alarms: {int(quiet.warned.sum())} of {len(quiet)} quiet runs warned")
-    if len(loaded):
-        print(f"misses: {int((~loaded.warned).sum())} of {len(loaded)} loaded runs did not warn")
+    for label, column in (("as run", None), ("new statistic", "new"), ("old statistic", "old")):
+        warned = (lambda f: f.warned) if column is None else (lambda f, c=column: f[c] > args.threshold)
+        if len(quiet):
+            print(f"{label}: false alarms {int(warned(quiet).sum())} of {len(quiet)} quiet runs")
+        if len(loaded):
+            print(f"{label}: misses {int((~warned(loaded)).sum())} of {len(loaded)} loaded runs")
     print(f"job wall time: quiet median {table[table.load == 'quiet'].groupby('run').job_s.first().median():.0f} s")
     return 0
 

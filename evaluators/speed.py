@@ -49,7 +49,12 @@ class SpeedEvaluator:
         step_compression: tokens / target forwards (ratio of sums);
         acceptance_rate: accepted / proposed over images that proposed drafts;
         accepted_per_step_mean, accepted_per_step_max: over all verification steps;
-        timing_noise: how far the timed batches' measurements can be trusted (`timing_noise`);
+        timing_noise: the share of the timed decodes' time lost to other processes or to the thread
+            being off the CPU (`timing_noise_of`; 0.9 quantile over batches): what the
+            noisy-timing warning reads;
+        timing_spread: median over timed batches of (max - min) / min of its repetitions' wall
+            times: how repeatable one decode is on this machine (informational; the speed-up's
+            interval already carries it);
         verify_forwards, resample_forwards (means), islands_per_step (islands / verify forwards),
             island_size (resampled positions per island), island_size_max: when the decoder
             records them (MuLo-SD's island-parallel resampler).
@@ -151,6 +156,9 @@ def _timing_rows(stats: pd.DataFrame) -> list[dict[str, Any]]:
         if noise.notna().any():
             rows.append(_row("timing_noise", noise.quantile(NOISE_QUANTILE), math.nan, int(noise.notna().sum()),
                              False))
+        spread = _spread_per_batch(_batches(timed))
+        if spread.notna().any():
+            rows.append(_row("timing_spread", spread.median(), math.nan, int(spread.notna().sum()), False))
     if "peak_memory_bytes" in stats.columns:
         # the timed batches' (the measured batch size); all batches when none is timed
         peaks = _batches(timed if not timed.empty else stats)["peak_memory_bytes"].astype(float) / BYTES_PER_MB
@@ -184,22 +192,39 @@ def _floats(value: Any) -> list[float]:
     return [float(v) for v in value.split()]
 
 
-def timing_noise_of(latencies: list[float], cpu: list[float], device: list[float]) -> float:
-    """The noise of one timed batch from its repetitions' decode wall times `latencies` and, when
-    measured, the decoding thread's CPU times `cpu` (CPU devices) or CUDA-event times `device`:
-    the largest of
-        the spread of the repetitions, (max - min) / min, of the wall times and of the event times:
-            the same decode of the same images should take the same time;
+def timing_noise_of(latencies: list[float], cpu: list[float], device: list[float],
+                    run: list[float] | None = None, wait: list[float] | None = None) -> float:
+    """The noise of one timed batch: how much of its decodes' time was lost to something other than
+    the decode itself. From its repetitions' decode wall times `latencies`, the decoding thread's
+    CPU times `cpu` (CPU devices), CUDA-event times `device`, and the seconds the process's threads
+    ran (`run`) and waited runnable for a CPU (`wait`, the kernel's schedstat). The largest of
+        the contention, max over repetitions of wait / (run + wait): the share of the threads'
+            runnable time another process took (about 0.006 on a quiet machine here, 0.3 and more
+            beside one busy process);
         the steal, max over repetitions of 1 - cpu / wall: the share of a decode's wall time its
-            thread did not run (kept off the CPU by other processes; about 0 on a quiet machine).
-    NaN when nothing was measured twice and no CPU time is known."""
+            thread did not run at all (kept off the CPU, blocked on a page fault, asleep);
+        on CUDA, the spread of the event times, (max - min) / min: a GPU decode repeats to ~1%.
+    The spread of the wall times is left out where the scheduler's times are known: on a quiet CPU
+    two decodes of the same images differ by 10-20% (median; docs/methodology.md, "Timing noise")
+    with no time lost to anything, and that spread is already in the speed-up's interval. Without
+    the scheduler's times (another OS) it stands in for the contention. NaN when nothing is known."""
     parts = []
-    for values in (latencies, device):
-        if len(values) >= 2 and min(values) > 0:
-            parts.append((max(values) - min(values)) / min(values))
+    if len(device) >= 2 and min(device) > 0:
+        parts.append((max(device) - min(device)) / min(device))
+    if run and wait and len(run) == len(wait):
+        parts += [w / (r + w) for r, w in zip(run, wait) if r + w > 0]
+    elif len(latencies) >= 2 and min(latencies) > 0:
+        parts.append((max(latencies) - min(latencies)) / min(latencies))
     if cpu and len(cpu) == len(latencies):
         parts += [max(0.0, 1.0 - c / w) for c, w in zip(cpu, latencies) if w > 0]
     return max(parts) if parts else math.nan
+
+
+def timing_spread_of(latencies: list[float]) -> float:
+    """(max - min) / min of one batch's repetition wall times; NaN with fewer than two."""
+    if len(latencies) < 2 or min(latencies) <= 0:
+        return math.nan
+    return (max(latencies) - min(latencies)) / min(latencies)
 
 
 def _noise_per_batch(batches: pd.DataFrame) -> pd.Series:
@@ -207,9 +232,17 @@ def _noise_per_batch(batches: pd.DataFrame) -> pd.Series:
     def get(name: str) -> pd.Series:
         return batches[name] if name in batches.columns else pd.Series(None, index=batches.index, dtype=object)
 
-    return pd.Series([timing_noise_of(_floats(lat), _floats(cpu), _floats(dev))
-                      for lat, cpu, dev in zip(get("latency_reps_s"), get("cpu_reps_s"), get("device_reps_s"))],
+    return pd.Series([timing_noise_of(_floats(lat), _floats(cpu), _floats(dev), _floats(run), _floats(wait))
+                      for lat, cpu, dev, run, wait in zip(get("latency_reps_s"), get("cpu_reps_s"),
+                                                          get("device_reps_s"), get("run_reps_s"),
+                                                          get("wait_reps_s"))],
                      index=batches.index, dtype=float)
+
+
+def _spread_per_batch(batches: pd.DataFrame) -> pd.Series:
+    """timing_spread_of every batch."""
+    reps = batches["latency_reps_s"] if "latency_reps_s" in batches.columns else pd.Series(None, index=batches.index)
+    return pd.Series([timing_spread_of(_floats(lat)) for lat in reps], index=batches.index, dtype=float)
 
 
 def _counter_rows(per_sample: pd.DataFrame) -> list[dict[str, Any]]:
@@ -256,7 +289,7 @@ def _batches(stats: pd.DataFrame) -> pd.DataFrame:
             "must be unique within a SampleSet (add a `shard` stats column or prefix the shard)"
         )
     columns = [c for c in ("batch_latency_s", "batch_size", "peak_memory_bytes", "latency_reps_s", "cpu_reps_s",
-                           "device_reps_s") if c in stats]
+                           "device_reps_s", "run_reps_s", "wait_reps_s") if c in stats]
     batches = grouped[columns].first()
     if "batch_size" not in batches.columns:
         batches["batch_size"] = grouped.size()

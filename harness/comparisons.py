@@ -167,10 +167,10 @@ def warn_noisy_timing(summary: pd.DataFrame, threshold: float) -> list[str]:
         return []
     names = [str(d) for d in noisy.decoder]
     figures = ", ".join(f"{d} {float(v):.2f}" for d, v in zip(noisy.decoder, noisy.value))
-    log.warning("timing unreliable for %s: timing_noise (%s) above timing.noise_threshold %.2f. Repeated "
-                "decodes of the same images disagree, or the decoding thread was kept off the CPU (another "
-                "process?); do not trust these decoders' latencies and speed-ups. Rerun on a quiet "
-                "machine (docs/methodology.md).", ", ".join(names), figures, threshold)
+    log.warning("timing unreliable for %s: timing_noise (%s) above timing.noise_threshold %.2f. That share "
+                "of the timed decodes' time went to other processes holding the CPU, or the decoding thread "
+                "was off the CPU; do not trust these decoders' latencies and speed-ups. Rerun on a quiet "
+                "machine (docs/methodology.md, 'Noise').", ", ".join(names), figures, threshold)
     return names
 
 

@@ -22,16 +22,16 @@ from omegaconf import OmegaConf, open_dict
 
 from evaluators.speed import SpeedEvaluator, timing_noise_of
 from harness.api import ConfigValueError, DecodeStats, Generation, ModelBundle, SamplingParams
-from harness.datasets.prompts import shapes
-from harness.generate import Job, Stopwatch, Timing, generate_all, schedule
 from harness.comparisons import speedup_interval, warn_noisy_timing, with_comparisons
+from harness.datasets.prompts import shapes
+from harness.generate import Job, Stopwatch, Timing, _sched_delta, generate_all, schedule, scheduler_times
 from harness.run import run
 from harness.store.samples import SampleSet, plan
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 TIMING_METRICS = {"speedup_e2e_vs_raster", "latency_s", "latency_p90_s", "throughput_img_s", "condition_s", "peak_memory_mb",
-                  "timing_noise", "speedup_vs_raster", "image_decode_s", "end_to_end_s"}
+                  "timing_noise", "timing_spread", "speedup_vs_raster", "image_decode_s", "end_to_end_s"}
 TOLERANCE = 0.05  # interleaved speed-ups under a disturbance stay within 5% of the undisturbed ones
 SLOWDOWN = 3.0  # a disturbed decode gets a third of the CPU
 
@@ -144,6 +144,11 @@ class VirtualClock:
     def cpu(self) -> float:
         return self.cpu_now
 
+    def sched(self) -> dict[int, tuple[int, int]]:
+        """The one decoding thread's scheduler times (ns): it ran for its CPU time and, when slowed,
+        waited runnable for the rest (another process held the CPU)."""
+        return {1: (round(self.cpu_now * 1e9), round((self.now - self.cpu_now) * 1e9))}
+
     def work(self, decoder: str, seconds: float) -> None:
         names, calls = self.hits
         factor = SLOWDOWN if decoder in names and self.calls in calls else 1.0
@@ -183,7 +188,7 @@ def _timed_run(tmp_path: Path, order: str, hit: set[str], calls: range) -> pd.Da
     jobs = [Job(name=n, decoder=FakeDecoder(n, c, clock), models=models, sample_set=SampleSet(tmp_path / order / n))
             for n, c in COSTS.items()]
     specs = plan(shapes(12), images_per_prompt=1, global_seed=0)
-    watch = Stopwatch(torch.device("cpu"), wall=clock.wall, cpu=clock.cpu)
+    watch = Stopwatch(torch.device("cpu"), wall=clock.wall, cpu=clock.cpu, sched=clock.sched)
     generate_all(jobs, specs, batch_size=1, warmup_batches=1, timing=Timing(reps=2, order=order),
                  device=torch.device("cpu"), stopwatch=watch)
     frames, verdicts = [], {}
@@ -209,7 +214,7 @@ def test_interleaved_speedups_survive_a_slowdown_and_the_warning_names_the_hit_d
     quiet = _timed_run(tmp_path / "quiet", "interleaved", set(), range(0))
     assert _metric(quiet, "speedup_vs_raster") == pytest.approx({"raster": 1.0, "fast": 4.0, "mid": 2.0})
     assert max(_metric(quiet, "timing_noise").values()) == 0.0
-    with caplog.at_level(logging.WARNING, logger="harness.run"):
+    with caplog.at_level(logging.WARNING, logger="harness.comparisons"):
         assert warn_noisy_timing(quiet, Timing().noise_threshold) == []
     assert not caplog.records
 
@@ -222,7 +227,7 @@ def test_interleaved_speedups_survive_a_slowdown_and_the_warning_names_the_hit_d
     noise = _metric(disturbed, "timing_noise")
     assert all(noise[n] == pytest.approx(1 - 1 / SLOWDOWN) for n in hit)
     assert all(noise[n] == 0.0 for n in set(COSTS) - hit)
-    with caplog.at_level(logging.WARNING, logger="harness.run"):
+    with caplog.at_level(logging.WARNING, logger="harness.comparisons"):
         named = warn_noisy_timing(disturbed, Timing().noise_threshold)
     assert set(named) == hit
     assert "timing unreliable for" in caplog.text and all(n in caplog.text for n in hit)
@@ -237,6 +242,8 @@ def test_a_slowdown_of_one_repetition_shows_as_spread() -> None:
     assert timing_noise_of([1.0, 1.3], [], []) == pytest.approx(0.3)  # CUDA-less, CPU time unknown
     assert timing_noise_of([1.0, 1.0], [], [0.5, 0.6]) == pytest.approx(0.2)  # CUDA events disagree
     assert timing_noise_of([2.0, 2.0], [1.0, 2.0], []) == pytest.approx(0.5)  # half the wall time off the CPU
+    assert timing_noise_of([1.0, 1.3], [1.0, 1.3], [], [1.0, 1.3], [0.0, 0.0]) == 0.0  # spread, nothing lost
+    assert timing_noise_of([1.0, 1.0], [0.8, 1.0], [], [0.8, 1.0], [0.2, 0.0]) == pytest.approx(0.2)  # waited
     assert math.isnan(timing_noise_of([1.0], [], []))
 
 
@@ -289,7 +296,7 @@ def test_the_pipeline_warns_about_a_decoder_that_slept(tmp_path: Path, caplog: p
     with open_dict(cfg):
         cfg.decoder.sleepy = OmegaConf.create({"_target_": "tests.test_timing.Sleepy", "sampling": cfg.sampling,
                                                "calls": [3, 4, 5], "sleep_s": 0.3})
-    with caplog.at_level(logging.WARNING, logger="harness.run"):
+    with caplog.at_level(logging.WARNING, logger="harness.comparisons"):
         summary = run(cfg, tmp_path / "run")
     noise = _metric(summary, "timing_noise")
     assert noise["sleepy"] > Timing().noise_threshold
@@ -378,7 +385,27 @@ def test_on_cuda_the_stopwatch_records_cuda_event_time_instead_of_cpu_time(monke
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device: synced.append(device))
     clock = iter([1.0, 1.5])
-    watch = Stopwatch(torch.device("cuda"), wall=lambda: next(clock), cpu=lambda: 0.0)
+    watch = Stopwatch(torch.device("cuda"), wall=lambda: next(clock), cpu=lambda: 0.0, sched=lambda: None)
     out, measure = watch.time(lambda: "done")
     assert out == "done" and len(synced) == 2
     assert measure.wall_s == 0.5 and measure.cpu_s is None and measure.device_s == pytest.approx(0.025)
+
+
+def test_scheduler_times_count_the_threads_run_time() -> None:
+    """The kernel's schedstat, read for real: a busy loop's run time shows in this thread's entry."""
+    before = scheduler_times()
+    if before is None:
+        pytest.skip("this kernel reports no /proc/self/task/*/schedstat")
+    end = time.perf_counter() + 0.2
+    while time.perf_counter() < end:
+        pass
+    run, wait = _sched_delta(before, scheduler_times())
+    assert run is not None and wait is not None
+    assert run >= 0.1 and wait >= 0.0
+
+
+def test_scheduler_deltas_sum_threads_and_count_a_new_thread_from_its_start() -> None:
+    before = {1: (10_000_000_000, 5_000_000_000)}
+    after = {1: (10_500_000_000, 5_100_000_000), 2: (200_000_000, 300_000_000)}  # thread 2 started between
+    assert _sched_delta(before, after) == pytest.approx((0.7, 0.4))
+    assert _sched_delta(None, after) == (None, None)
