@@ -10,7 +10,7 @@
 # Needs: one CUDA GPU with >= 24 GB, `pip install -e . transformers sentencepiece`, and either
 # internet (weights go to the Hugging Face cache, ~25 GB: peizesun/llamagen_t2i 3 files 3.4 GB,
 # google/flan-t5-xl 11 GB, csuhan/TA-Tok 3 files ~5 GB, csuhan/Tar-1.5B 3.5 GB) or a pre-filled
-# cache (HF_HOME=..., HF_HUB_OFFLINE=1; pre-download with `huggingface-cli download REPO [FILE]`).
+# cache (HF_HOME=..., HF_HUB_OFFLINE=1; pre-download with `hf download REPO [FILE]`).
 # COCO captions come from the pinned coco5k dataset (conf/dataset/coco5k.yaml).
 #
 # Expected cost (H100/A100 80 GB, bf16, batch 1, estimates, not yet measured): LlamaGen-XL 512 raster

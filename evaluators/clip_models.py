@@ -34,7 +34,7 @@ def hf_hub_file(repo: str, filename: str, local: str | None = None) -> Path:
         path = Path(local).expanduser()
         if not path.is_file():
             raise MissingModelError(f"checkpoint {path} does not exist; download {filename} from the HF hub repo "
-                                    f"{repo} (huggingface-cli download {repo} {filename}) and point to it")
+                                    f"{repo} (hf download {repo} {filename}) and point to it")
         return path
     from huggingface_hub import hf_hub_download
 
@@ -43,7 +43,7 @@ def hf_hub_file(repo: str, filename: str, local: str | None = None) -> Path:
     except Exception as exc:  # offline, gated, missing: huggingface_hub raises many types
         raise MissingModelError(
             f"could not get {filename} from the HF hub repo {repo} ({type(exc).__name__}: {exc}). Pre-download it on "
-            f"a connected machine with `huggingface-cli download {repo} {filename}` (then copy the HF cache, "
+            f"a connected machine with `hf download {repo} {filename}` (then copy the HF cache, "
             "~/.cache/huggingface, and set HF_HUB_OFFLINE=1), or give its local path."
         ) from exc
 

@@ -82,7 +82,7 @@ class HFVQA:
                 self._pipe = pipeline("visual-question-answering", model=self.model_id, device=device)
             except OSError as exc:
                 raise FileNotFoundError(
-                    f"could not load {self.model_id} ({exc}); pre-download it with `huggingface-cli download "
+                    f"could not load {self.model_id} ({exc}); pre-download it with `hf download "
                     f"{self.model_id}` and set HF_HUB_OFFLINE=1 on offline nodes") from exc
         return self._pipe
 

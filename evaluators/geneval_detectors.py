@@ -107,7 +107,7 @@ class HFMask2FormerBackend:
                 model = Mask2FormerForUniversalSegmentation.from_pretrained(self.model_id).to(self.device).eval()
             except OSError as exc:
                 raise FileNotFoundError(f"could not load {self.model_id} ({exc}); pre-download it with "
-                                        f"`huggingface-cli download {self.model_id}` (HF_HUB_OFFLINE=1 offline)") from exc
+                                        f"`hf download {self.model_id}` (HF_HUB_OFFLINE=1 offline)") from exc
             if len(model.config.id2label) != len(self.classes):
                 raise ValueError(f"{self.model_id} has {len(model.config.id2label)} labels, GenEval needs 80")
             self._model = (processor, model)

@@ -263,7 +263,7 @@ def missing_weights(model: DictConfig) -> list[str]:
         if not found:
             where = f" --local-dir {local}" if local else ""
             missing.append(
-                f"model.{key} {file}: fetch it with `huggingface-cli download {repo} {file}{where}`"
+                f"model.{key} {file}: fetch it with `hf download {repo} {file}{where}`"
             )
     return missing
 

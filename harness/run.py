@@ -39,9 +39,24 @@ class EvaluationFailedError(RuntimeError):
     """One or more evaluators failed; the rows of the others were written."""
 
 
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present where an NVIDIA kernel driver is loaded
+
+
 def _device(name: str) -> torch.device:
+    """The job's device; `auto` is CUDA where torch can use it, else the CPU, said loudly where a GPU
+    is there but this torch cannot use it (a CUDA build newer than the node's driver: a GPU job
+    would run on the CPU for weeks)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if NVIDIA_DRIVER.is_file():
+            lines = NVIDIA_DRIVER.read_text(errors="replace").splitlines()
+            driver = lines[0].strip() if lines else ""
+            log.warning("device=auto: an NVIDIA driver is loaded (%s) but this torch (%s, CUDA %s) cannot use the "
+                        "GPU, so the job runs on the CPU, far slower. Install a torch built for this driver "
+                        "(docs/install.md), or pass device=cpu to run on the CPU on purpose",
+                        driver or "version unknown", torch.__version__, torch.version.cuda)
+        return torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigValueError(f"device={name} requested but CUDA is not available; use device=cpu or device=auto")
     return torch.device(name)

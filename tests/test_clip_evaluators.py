@@ -90,7 +90,7 @@ def test_hpsv2_loads_a_checkpoint_and_scores(tiny_arch: str, tmp_path: Path) -> 
 
 
 def test_hpsv2_bad_checkpoints(tiny_arch: str, tmp_path: Path) -> None:
-    with pytest.raises(MissingModelError, match="huggingface-cli download xswu/HPSv2"):
+    with pytest.raises(MissingModelError, match="hf download xswu/HPSv2"):
         HPSv2Evaluator(checkpoint=str(tmp_path / "absent.pt"), arch=tiny_arch, device="cpu").load()
     wrong = tmp_path / "wrong.pt"
     torch.save({"state_dict": {"visual.proj": torch.zeros(2)}}, wrong)

@@ -2,6 +2,10 @@
 caption padding handling, LlamaGen's zero rotary table on the caption slots, CFG null rows."""
 from __future__ import annotations
 
+import logging
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,7 +78,7 @@ def test_missing_local_file_and_download_errors_say_how_to_fetch(tmp_path: Path,
     with pytest.raises(WeightsError) as err:
         resolve("peizesun/llamagen_t2i", "vq_ds16_t2i.pt", str(tmp_path))
     assert "vq_ds16_t2i.pt" in str(err.value)
-    assert "huggingface-cli download peizesun/llamagen_t2i" in str(err.value)
+    assert "hf download peizesun/llamagen_t2i" in str(err.value)
     import huggingface_hub
 
     def offline(**kwargs):
@@ -153,3 +157,29 @@ def test_null_rows_use_the_learned_unconditional_embedding() -> None:
     uncond = gpt.cls_embedding.uncond_embedding[None]
     ref = gpt.prefill(TextCondition(null=torch.zeros(1, dtype=torch.bool), features=uncond))
     torch.testing.assert_close(null, ref)
+
+
+def test_the_download_hint_names_a_command_the_installed_hub_provides() -> None:
+    """Every offline hint says `hf download ...`: the command huggingface_hub installs now (the
+    older `huggingface-cli` is gone from the locked release)."""
+    hf = shutil.which("hf", path=str(Path(sys.executable).parent)) or shutil.which("hf")
+    assert hf is not None, "huggingface_hub installs the `hf` command"
+    done = subprocess.run([hf, "download", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--local-dir" in done.stdout
+
+
+def test_device_auto_says_when_a_gpu_is_there_but_unusable(tmp_path: Path, monkeypatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import harness.run as run_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(run_module, "NVIDIA_DRIVER", tmp_path / "absent")
+    with caplog.at_level(logging.WARNING, logger="harness.run"):
+        assert run_module._device("auto").type == "cpu"
+    assert not caplog.records, "no driver: the CPU is the machine's device, nothing to say"
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15\n")
+    monkeypatch.setattr(run_module, "NVIDIA_DRIVER", driver)
+    with caplog.at_level(logging.WARNING, logger="harness.run"):
+        assert run_module._device("auto").type == "cpu"
+    assert "570.86.15" in caplog.text and "device=cpu" in caplog.text and "cannot use the GPU" in caplog.text

@@ -123,7 +123,7 @@ def test_real_model_offline_without_weights_names_the_files(
         ]
     )
     missing = preflight.missing_weights(cfg.model)
-    assert any("ar_dtok_lp_512px.pth" in m and "huggingface-cli download csuhan/TA-Tok" in m for m in missing)
+    assert any("ar_dtok_lp_512px.pth" in m and "hf download csuhan/TA-Tok" in m for m in missing)
     assert any("vq_ds16_t2i.pt" in m and "peizesun/llamagen_t2i" in m for m in missing)
     with pytest.raises(preflight.MissingWeightsError) as err:
         run(cfg, tmp_path / "run")

@@ -39,7 +39,7 @@ def resolve(repo_id: str, filename: str, local_path: str | None = None, cache_di
         if not path.is_file():
             raise WeightsError(f"weights file {path} does not exist (expected {filename} from the Hugging "
                                f"Face repo {repo_id}); fix the path or pre-download it with "
-                               f"`huggingface-cli download {repo_id} {filename} --local-dir DIR`")
+                               f"`hf download {repo_id} {filename} --local-dir DIR`")
         return path
     try:
         from huggingface_hub import hf_hub_download
@@ -52,7 +52,7 @@ def resolve(repo_id: str, filename: str, local_path: str | None = None, cache_di
         raise WeightsError(
             f"could not download {filename} from the Hugging Face repo {repo_id} "
             f"({type(err).__name__}: {err}). On a node without internet, pre-download it elsewhere with "
-            f"`huggingface-cli download {repo_id} {filename} --local-dir DIR` and pass the local path "
+            f"`hf download {repo_id} {filename} --local-dir DIR` and pass the local path "
             f"(or copy the HF cache and set HF_HOME / HF_HUB_OFFLINE=1)") from err
 
 
@@ -62,7 +62,7 @@ def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None 
         if not Path(local_path).expanduser().is_dir():
             raise WeightsError(f"model folder {local_path} does not exist (expected a copy of the Hugging "
                                f"Face repo {repo_id}; pre-download it with "
-                               f"`huggingface-cli download {repo_id} "
+                               f"`hf download {repo_id} "
                                f"--local-dir {local_path}`)")
         return str(Path(local_path).expanduser())
     from huggingface_hub import snapshot_download
@@ -73,7 +73,7 @@ def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None 
         raise WeightsError(
             f"could not download the Hugging Face repo {repo_id} ({type(err).__name__}: {err}). "
             f"On a node without internet, pre-download it with "
-            f"`huggingface-cli download {repo_id} --local-dir DIR` and pass "
+            f"`hf download {repo_id} --local-dir DIR` and pass "
             f"DIR as the local path") from err
 
 
