@@ -18,7 +18,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from harness.api import INTERVAL_COLUMNS
-from harness.store.binding import signature_defaults
+from harness.store.binding import ABSENT, dotted, leaves, signature_defaults
 from harness.store.summary import paired_difference
 
 log = logging.getLogger(__name__)
@@ -195,39 +195,32 @@ def decoder_setting(cfg: DictConfig, decoder: str, bound: dict[str, Any] | None 
     None at the paper's setting or for a decoder whose config declares none (`paper_setting`: the
     paper's values of the keys a world's operating point may move). Read from the binding of the
     images scored (`bound`: a stored set made under another setting is labelled with its own), else
-    from this job's config; a key the binding predates has its target's default (harness/store/binding.py)."""
+    from this job's config; a key the binding predates has its target's default
+    (harness/store/binding.py)."""
     node = (cfg.get("decoder") or {}).get(decoder)
     paper = node.get("paper_setting") if node is not None else None
     if not paper:
         return None
     stored = (bound or {}).get("decoder")
     used = stored if isinstance(stored, dict) else OmegaConf.to_container(node, resolve=True)
-    pairs = [(path, value, _value_at(used, path))
-             for path, value in _leaves(OmegaConf.to_container(paper, resolve=True))]
+    paper_values = leaves(OmegaConf.to_container(paper, resolve=True))
+    pairs = [(key, value, _value_at(used, key)) for key, value in paper_values.items()]
     if all(_json_equal(value, now) for _, value, now in pairs):
         return None
     from harness.report.specs import swept_label  # plain labels (no plotting library)
 
-    return ", ".join(f"{swept_label('.'.join(path))}={_plain(now)}" for path, _, now in pairs)
+    return ", ".join(f"{swept_label(key)}={_plain(now)}" for key, _, now in pairs)
 
 
-def _leaves(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    """(key path, value) of every leaf of a nested dict."""
-    if not isinstance(tree, dict):
-        return [(path, tree)]
-    return [leaf for key, value in tree.items() for leaf in _leaves(value, (*path, str(key)))]
-
-
-def _value_at(tree: Any, path: tuple[str, ...]) -> Any:
-    """The value at `path` in a decoder node; a missing last key reads as its `_target_`'s default."""
-    for key in path[:-1]:
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    if not isinstance(tree, dict):
-        return None
-    if path[-1] in tree:
-        return tree[path[-1]]
-    target = tree.get("_target_")
-    return signature_defaults(target).get(path[-1]) if isinstance(target, str) else None
+def _value_at(node: dict[str, Any], key: str) -> Any:
+    """The value at dotted `key` of a decoder node; one its binding predates reads as the default of
+    its parent node's `_target_`."""
+    value = dotted(node, key)
+    if value is not ABSENT:
+        return value
+    parent, _, name = key.rpartition(".")
+    target = dotted(node, f"{parent}._target_" if parent else "_target_")
+    return signature_defaults(target).get(name) if isinstance(target, str) else None
 
 
 def _json_equal(a: Any, b: Any) -> bool:

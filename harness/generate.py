@@ -170,14 +170,15 @@ class Stopwatch:
         self.cpu = cpu
         self.sched = sched
 
-    def time(self, fn: Callable[[], T]) -> tuple[T, Measure]:
-        """Run `fn` and return its result with the Measure of the call."""
+    def time(self, fn: Callable[[], T], scheduler: bool = False) -> tuple[T, Measure]:
+        """Run `fn` and return its result with the Measure of the call (with the threads' scheduler
+        times when `scheduler`: the decode's, which the noise figure reads)."""
         cuda = self.device.type == "cuda"
         start = end = None
         _sync(self.device)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s0 = self.sched()
+        s0 = self.sched() if scheduler else None
         w0, c0 = self.wall(), self.cpu()
         if start is not None:
             start.record()
@@ -186,7 +187,7 @@ class Stopwatch:
             end.record()
         _sync(self.device)
         w1, c1 = self.wall(), self.cpu()
-        run_s, wait_s = _sched_delta(s0, self.sched())
+        run_s, wait_s = _sched_delta(s0, self.sched() if scheduler else None)
         device_s = start.elapsed_time(end) / 1000.0 if start is not None and end is not None else None
         return out, Measure(wall_s=w1 - w0, cpu_s=None if cuda else c1 - c0, device_s=device_s,
                             run_s=run_s, wait_s=wait_s)
@@ -249,7 +250,7 @@ class _Batch:
 def _decode(job: Job, batch: list[SampleSpec], watch: Stopwatch) -> tuple[Any, Any, tuple[Measure, Measure, Measure]]:
     """Condition + decode + tokens->pixels for one batch: (pixels [B, H, W, 3] uint8, generation, measures)."""
     cond, m_cond = watch.time(lambda: job.models.condition([s.prompt.text for s in batch]))
-    gen, m_dec = watch.time(lambda: job.decoder.generate(job.models, cond, [s.seed for s in batch]))
+    gen, m_dec = watch.time(lambda: job.decoder.generate(job.models, cond, [s.seed for s in batch]), scheduler=True)
     images, m_img = watch.time(lambda: job.models.target.decode(gen.tokens))
     pixels = images.permute(0, 2, 3, 1).cpu().numpy()
     return pixels, gen, (m_cond, m_dec, m_img)

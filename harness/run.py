@@ -26,8 +26,7 @@ from harness.generate import Job, generate_all
 from harness.models.guidance import Guided
 from harness.runtime import engine
 from harness.store import provenance, summary
-from harness.store.binding import (check_stored_labels, compared, sample_binding, trust_targets_of,
-                                   warn_if_bound_elsewhere)
+from harness.store.binding import check_stored, compared, sample_binding, trust_targets_of
 from harness.store.samples import NotWritableError, SampleSet, plan, write_atomic
 
 log = logging.getLogger(__name__)
@@ -153,7 +152,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
                      timing=timing, device=device)
     if "evaluate" in cfg.stages and "generate" not in cfg.stages:  # a generate stage bound them
         for name, sample_set in sample_sets.items():  # before any row is written
-            check_stored_labels(cfg, name, sample_set.root, sample_set.binding())
+            check_stored(cfg, name, sample_set.root, sample_set.binding())
     bound: dict[str, Any] = {}  # decoder -> the binding of its SampleSet
     frames: list[pd.DataFrame] = []
     failures: list[tuple[str, str, str]] = []  # (evaluator, decoder, why)
@@ -161,7 +160,6 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     for name, sample_set in sample_sets.items():
         bound[name] = sample_set.binding()
         if "evaluate" in cfg.stages:
-            warn_if_bound_elsewhere(cfg, name, bound[name])
             sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
             frames += _evaluate(cfg, name, sample_set.view(full_plan), evaluators, out_dir, verdicts,

@@ -49,7 +49,7 @@ _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "loc
 # Model keys that configure decoders, not the model: a decoder's operating point on this world reaches
 # the binding through the decoder's own keys, so the model's binding leaves it out.
 _DECODER_KEYS = frozenset({"operating_points"})
-_ABSENT = object()
+ABSENT = object()  # dotted()'s answer for a key a tree does not have
 _trusted: frozenset[str] = PROJECT_PACKAGES
 
 
@@ -152,27 +152,34 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True))
 
 
+def differing_keys(stored: dict[str, Any] | None, wanted: dict[str, Any],
+                   view: Callable[[Any], Any] | None = None) -> list[str]:
+    """The dotted leaf keys whose values differ between two bindings (in the views `view` makes of
+    both, when given)."""
+    see = view or (lambda tree: tree)
+    old, new = leaves(see(stored or {})), leaves(see(wanted))
+    return [key for key in sorted(old.keys() | new.keys()) if old.get(key, ABSENT) != new.get(key, ABSENT)]
+
+
 def binding_differences(stored: dict[str, Any] | None, wanted: dict[str, Any],
                         view: Callable[[Any], Any] | None = None) -> list[str]:
-    """'key: stored X, now Y' for every dotted leaf key whose value differs (in the views `view`
-    makes of both, when given; the values shown are the bindings' own)."""
-    old, new = _leaves(stored or {}), _leaves(wanted)
-    if view is None:
-        view_old, view_new = old, new
-    else:
-        view_old, view_new = _leaves(view(stored or {})), _leaves(view(wanted))
-    return [f"{key}: stored {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
-            for key in sorted(view_old.keys() | view_new.keys())
-            if view_old.get(key, _ABSENT) != view_new.get(key, _ABSENT)]
+    """'key: stored X, now Y' for every differing key (`differing_keys`; the values shown are the
+    bindings' own)."""
+    return _described(stored, wanted, differing_keys(stored, wanted, view))
 
 
-def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+def _described(stored: dict[str, Any] | None, wanted: dict[str, Any], keys: list[str]) -> list[str]:
+    old, new = leaves(stored or {}), leaves(wanted)
+    return [f"{key}: stored {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}" for key in keys]
+
+
+def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
     """Flatten nested dicts into {"a.b.c": leaf}; lists are leaves."""
     if not isinstance(tree, dict) or not tree:
         return {prefix: tree} if prefix else {}
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        flat.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+        flat.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat
 
 
@@ -190,51 +197,41 @@ def refusal(root: Path, stored: dict[str, Any] | None, wanted: dict[str, Any],
             "or rerun with overwrite_samples=true to delete its samples and generate them again.")
 
 
-def warn_if_bound_elsewhere(cfg: DictConfig, decoder: str, stored: dict[str, Any] | None) -> None:
-    """An evaluate-only run scores what the set holds: say so when its binding differs from this
-    job's decoder, sampling or seed (run.json records the stored binding under sample_sets)."""
-    if stored is None or "generate" in cfg.stages:
-        return
-    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), torch.device(str(stored.get("device", "cpu"))))
-    keys = ("decoder", "sampling", "seed", "model")
-    diffs = binding_differences({k: stored.get(k) for k in keys}, {k: now[k] for k in keys}, compared)
-    if diffs:
-        log.warning("[%s] the samples were made under another configuration than this job's (%s); "
-                    "the rows describe the stored samples (their binding is in run.json)",
-                    decoder, "; ".join(diffs[:5]))
+STORED_PARTS = ("decoder", "sampling", "seed", "model", "engine")  # what a set's images depend on
 
 
-def check_stored_labels(cfg: DictConfig, decoder: str, root: Path, stored: dict[str, Any] | None) -> None:
-    """An evaluate-only run labels its rows with the job's values of `swept_keys`: refuse when a key
-    that describes the decoder's images (sampling, seed, model, engine, its own options) holds
-    another value than the one the stored samples were made with (rows label what was scored), or
-    when the set has no binding to check it against (`_check_unbound`)."""
+def check_stored(cfg: DictConfig, decoder: str, root: Path, stored: dict[str, Any] | None) -> None:
+    """Before an evaluate-only run scores a stored set. The rows describe what the set holds, and
+    each row is labelled with the job's values of `swept_keys`: refuse a swept key that describes
+    the decoder's images (sampling, seed, model, engine, its own options) where the set was made
+    with another value, or where the set has no binding to check it against (`_check_unbound`);
+    warn about every other difference between the set's binding and this job's (run.json records
+    the stored binding under sample_sets)."""
     keys = [str(k) for k in cfg.get("swept_keys") or [] if _binding_key(str(k), decoder) is not None]
     if stored is None:
         _check_unbound(decoder, root, keys)
         return
-    if not keys:
-        return
-    device = torch.device(str(stored.get("device", "cpu")))
-    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), device)
-    parts = ("decoder", "sampling", "seed", "model", "engine")
-    diffs = binding_differences({k: stored.get(k) for k in parts}, {k: now[k] for k in parts},
-                                compared)
+    now = sample_binding(cfg, decoder, str(stored.get("weights", "")), torch.device(str(stored.get("device", "cpu"))))
+    old, new = {k: stored.get(k) for k in STORED_PARTS}, {k: now[k] for k in STORED_PARTS}
+    differ = differing_keys(old, new, compared)
     for key in keys:
         bound_as = str(_binding_key(key, decoder))
-        # each difference reads "<binding key>: stored X, now Y"; a swept node covers its leaves
-        differ = [d for d in diffs if d.split(": stored ", 1)[0] == bound_as or d.startswith(f"{bound_as}.")]
-        if not differ:
+        hit = [d for d in differ if d == bound_as or d.startswith(f"{bound_as}.")]  # a swept node covers its leaves
+        if not hit:
             continue
-        value = _dotted(stored, bound_as)
-        fix = (f"set {key}={_override(value)} (the stored value)" if value is not _ABSENT
+        value = dotted(stored, bound_as)
+        fix = (f"set {key}={_override(value)} (the stored value)" if value is not ABSENT
                else f"set {key} to its default (the set was made before the option existed)")
         label = f"{key}={_override(OmegaConf.select(cfg, key))}"
         raise BindingMismatchError(
             f"swept_keys labels the rows of {decoder} with {label}, but the samples in {root} were made "
-            f"with another value ({'; '.join(differ[:3])}; {root / BINDING_FILE}): the rows would carry a "
-            f"value their images were not made with. To re-score these images, {fix}; to score that "
-            "value, generate its samples (stages=[generate,evaluate] with a fresh samples_dir)")
+            f"with another value ({'; '.join(_described(old, new, hit)[:3])}; {root / BINDING_FILE}): the "
+            f"rows would carry a value their images were not made with. To re-score these images, {fix}; "
+            "to score that value, generate its samples (stages=[generate,evaluate] with a fresh samples_dir)")
+    if differ:
+        log.warning("[%s] the samples were made under another configuration than this job's (%s); "
+                    "the rows describe the stored samples (their binding is in run.json)",
+                    decoder, "; ".join(_described(old, new, differ)[:5]))
 
 
 def _check_unbound(decoder: str, root: Path, keys: list[str]) -> None:
@@ -266,11 +263,11 @@ def _binding_key(key: str, decoder: str) -> str | None:
     return key if head == "sampling" or key in ("seed", "engine") else None
 
 
-def _dotted(tree: Any, key: str) -> Any:
-    """The value at dotted `key` of nested dicts, or _ABSENT."""
+def dotted(tree: Any, key: str) -> Any:
+    """The value at dotted `key` of nested dicts, or ABSENT."""
     for part in key.split("."):
         if not isinstance(tree, dict) or part not in tree:
-            return _ABSENT
+            return ABSENT
         tree = tree[part]
     return tree
 
