@@ -48,6 +48,26 @@ def hf_hub_file(repo: str, filename: str, local: str | None = None) -> Path:
         ) from exc
 
 
+def open_clip_assets(what: str, arch: str, pretrained: str | None) -> list:
+    """The hub file open_clip reads for `arch` / `pretrained` (its safetensors copy when the tag names
+    a hub repo, as open_clip prefers it); empty when the weights come from a file or nowhere."""
+    import open_clip
+
+    from harness.assets.asset import HubFiles
+
+    if not pretrained:
+        return []
+    cfg = open_clip.get_pretrained_cfg(arch, pretrained) or {}
+    hub = str(cfg.get("hf_hub") or "")
+    if not hub:
+        return []
+    parts = hub.strip("/").split("/")  # "org/name/" or "org/name/file"
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:]) or "open_clip_pytorch_model.bin"
+    if filename == "open_clip_pytorch_model.bin":  # open_clip reads the safetensors copy first
+        filename = "open_clip_model.safetensors"
+    return [HubFiles(what, repo, (filename,))]
+
+
 def create_open_clip(arch: str, pretrained: str | None = None, checkpoint: Path | None = None,
                      device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Callable, Callable, str]:
     """(model in eval mode, tokenizer, open_clip's eval preprocess, weights tag for `version`).

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from evaluators.clip_models import create_open_clip, resolve_device
+from evaluators.clip_models import create_open_clip, open_clip_assets, resolve_device
 from evaluators.image_text_score import mean_rows, score_samples
 from harness.api import EvalResult
 from harness.store.samples import SampleSet
@@ -51,6 +51,10 @@ class CLIPScoreEvaluator:
         """e.g. "clip_score-1/ViT-L-14:openai"."""
         weights = self._model[3] if self._model else f"{self.arch}:{self.pretrained}"
         return f"clip_score-{VERSION}/{weights}"
+
+    def assets(self) -> list:
+        """What `load` downloads (harness/assets): open_clip's hub file of `pretrained`, unless a checkpoint."""
+        return [] if self.checkpoint else open_clip_assets(f"evaluator {self.name}", self.arch, self.pretrained)
 
     def load(self) -> tuple:
         """(model, tokenizer, preprocess uint8 [H, W, 3] -> [3, S, S], weights tag), loaded once."""

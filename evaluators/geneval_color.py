@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from evaluators.clip_models import create_open_clip, resolve_device
+from evaluators.clip_models import create_open_clip, open_clip_assets, resolve_device
 from evaluators.geneval_rules import GENEVAL_COLORS, Detection
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,10 @@ class ClipColorClassifier:
         self.name = f"clip-color-{arch}:{pretrained if checkpoint is None else 'file'}"
         self._model: tuple | None = None
         self._weights: dict[str, torch.Tensor] = {}
+
+    def assets(self) -> list:
+        """What `_load` downloads (harness/assets): open_clip's hub file of `pretrained`."""
+        return [] if self.checkpoint else open_clip_assets("GenEval colour classifier", self.arch, self.pretrained)
 
     def _load(self) -> tuple:
         if self._model is None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from evaluators.geneval_rules import Detection
-from harness.datasets.downloads import Pinned, resolve
+from harness.datasets.downloads import Pinned, fetch, resolve
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,11 @@ MMDET_CONFIG = "mask2former/mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco.py"
 MMDET_WEIGHTS = ("https://download.openmmlab.com/mmdetection/v3.0/mask2former/"
                  "mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco/"
                  "mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco_20220504_001756-c9d0c4f2.pth")
+MMDET_CHECKPOINT = Pinned(name=MMDET_WEIGHTS.rsplit("/", 1)[1], url=MMDET_WEIGHTS,
+                          what="GenEval's Mask2Former Swin-S (mmdet v3.0 conversion)")
+# HF repo files the transformers backend reads (config, image processor, safetensors weights)
+HF_FILES = ("config.json", "preprocessor_config.json", "model.safetensors")
+HF_REQUIRED = ("config.json", "model.safetensors")
 HF_MODEL = "facebook/mask2former-swin-small-coco-instance"
 
 
@@ -40,6 +45,13 @@ def object_names(path: str | None = None) -> list[str]:
     if len(names) != 80:
         raise ValueError(f"object_names.txt must list 80 COCO classes, got {len(names)}")
     return names
+
+
+def names_assets(path: str | None) -> list:
+    """object_names.txt as an asset (harness/assets), unless a local copy is given."""
+    from harness.assets.asset import UrlFile
+
+    return [] if path else [UrlFile("GenEval object names", OBJECT_NAMES)]
 
 
 def _cached_names(backend: object) -> list[str]:
@@ -96,6 +108,14 @@ class HFMask2FormerBackend:
         """GenEval's 80 class names (read on first use)."""
         return _cached_names(self)
 
+    def assets(self) -> list:
+        """What `_load` downloads: the model's hub files (a local folder needs none) and the names."""
+        from harness.assets.asset import HubFiles
+
+        local = Path(self.model_id).expanduser().is_dir()
+        return names_assets(self.object_names_path) + (
+            [] if local else [HubFiles("GenEval detector (transformers)", self.model_id, HF_FILES, required=HF_REQUIRED)])
+
     def _load(self):
         if self._model is None:
             try:
@@ -148,6 +168,13 @@ class MMDetBackend:
         """GenEval's 80 class names (read on first use)."""
         return _cached_names(self)
 
+    def assets(self) -> list:
+        """What `_load` downloads: the detector checkpoint (unless given) and the names."""
+        from harness.assets.asset import UrlFile
+
+        return names_assets(self.object_names_path) + (
+            [] if self.checkpoint else [UrlFile("GenEval detector (mmdet)", MMDET_CHECKPOINT)])
+
     def _load(self):
         if self._model is None:
             try:
@@ -160,7 +187,8 @@ class MMDetBackend:
             if not Path(config).is_file():
                 raise FileNotFoundError(f"mmdet config {config} does not exist; give `config` (the file "
                                         f"configs/{MMDET_CONFIG} of the mmdetection source tree)")
-            self._model = init_detector(config, self.checkpoint or MMDET_WEIGHTS, device=self.device)
+            checkpoint = self.checkpoint or str(fetch(MMDET_CHECKPOINT))  # through assets.mirror, cached
+            self._model = init_detector(config, checkpoint, device=self.device)
         return self._model
 
     def detect(self, images: list[np.ndarray]) -> list[list[Detection]]:

@@ -56,6 +56,12 @@ class HPSv2Evaluator:
         weights = self._model[3] if self._model else f"{self.arch}:{CHECKPOINTS[self.hps_version]}"
         return f"hpsv2-{VERSION}/{self.hps_version}/{weights}"
 
+    def assets(self) -> list:
+        """What `load` downloads (harness/assets): the HPS checkpoint of `hps_version`, unless given."""
+        from harness.assets.asset import HubFiles
+
+        return [] if self.checkpoint else [HubFiles("evaluator hpsv2", HUB_REPO, (CHECKPOINTS[self.hps_version],))]
+
     def load(self) -> tuple:
         """(model, tokenizer, preprocess, weights tag), loaded once."""
         if self._model is None:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness.api import ConfigValueError, InputError, Prompt
+from harness.assets.fetching import WEIGHT_KEYS, repo_of
 from harness.shapes.captions import quoted
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,6 @@ log = logging.getLogger(__name__)
 PARTS = ("drafter", "small_drafter", "eagle_head")
 PROMPT_FILE = "harness.datasets.prompts.prompt_file"  # the loader of dataset=prompt_file (.txt or .jsonl)
 INCOMPATIBLE = ("error", "skip")
-_WEIGHT_KEYS = (
-    "target_file",
-    "drafter_file",
-    "small_drafter_file",
-    "vq_file",
-    "tatok_file",
-    "eagle_head_file",
-    "eagle_head_config",
-)
 
 
 class IncompatibleError(ConfigValueError):
@@ -245,7 +237,7 @@ def missing_weights(model: DictConfig) -> list[str]:
     """Weight files of a real model config that are not on this machine when it cannot download:
     `model.local_dir` is set, or HF_HUB_OFFLINE=1. Each entry names the file and the command that
     fetches it. Empty when the model downloads on first use, has random weights or is no hub model."""
-    files = [(key, str(model.get(key))) for key in _WEIGHT_KEYS if model.get(key)]
+    files = [(key, str(model.get(key))) for key in WEIGHT_KEYS if model.get(key)]
     if not files or model.get("random_init") or not (model.get("repo_id") or model.get("tatok_repo")):
         return []
     local = model.get("local_dir")
@@ -254,7 +246,7 @@ def missing_weights(model: DictConfig) -> list[str]:
         return []
     missing = []
     for key, file in files:
-        repo = _repo_of(model, key)
+        repo = repo_of(model, key)
         found = (
             (Path(local).expanduser() / file).is_file()
             if local
@@ -268,16 +260,6 @@ def missing_weights(model: DictConfig) -> list[str]:
     return missing
 
 
-def _repo_of(model: DictConfig, key: str) -> str:
-    """The hub repository of a weights key: Tar keeps the VQ decoder in `vq_repo` and the rest in
-    `tatok_repo`; LlamaGen keeps all in `repo_id`."""
-    if key == "vq_file" and model.get("vq_repo"):
-        return str(model.vq_repo)
-    if key.startswith("eagle_head") and model.get("eagle_head_repo"):
-        return str(model.eagle_head_repo)
-    return str(model.get("tatok_repo") or model.get("repo_id"))
-
-
 def _in_hub_cache(repo: str, file: str, cache_dir: Any) -> bool:
     """Whether `repo/file` is in the Hugging Face cache."""
     from huggingface_hub import try_to_load_from_cache
@@ -286,31 +268,49 @@ def _in_hub_cache(repo: str, file: str, cache_dir: Any) -> bool:
     return isinstance(found, str)
 
 
-def fetch(cfg: DictConfig) -> list[str]:
-    """Download what a job reads from the network, so it can later run offline (`stages=[fetch]`,
-    on a node with internet): the prompt set's files, and a real model's weight files and its text
-    encoder or LLM repository. Returns what was fetched. Evaluator weights are fetched by their
-    first evaluate stage."""
+def fetch(cfg: DictConfig, evaluators: Sequence[Any] = ()) -> list[str]:
+    """Download what a job reads from the network, so that it can later run offline (`stages=[fetch]`,
+    on a node with internet): the prompt set's files, the model's weight files and its text encoder
+    or LLM repository (only the files the loaders read), and what each of `evaluators` downloads
+    (harness/assets). Lists every file with its size before downloading; with everything cached it
+    says so and downloads nothing. Returns one line per prompt set / asset.
+
+    Raises:
+        AssetError: a source cannot be reached or lacks a file (named, with the fix).
+    """
     from hydra.utils import instantiate
 
-    from harness.models.hub import resolve, snapshot
+    from harness.assets.fetching import evaluator_assets, fetch_assets, model_assets
 
     fetched = [f"dataset {cfg.dataset.get('name')}: {len(instantiate(_plain(cfg.dataset)))} prompts"]
-    model = cfg.model
-    if not model.get("random_init"):
-        for key in _WEIGHT_KEYS:
-            if model.get(key):
-                repo = _repo_of(model, key)
-                fetched.append(f"model.{key}: {resolve(repo, str(model[key]), None, model.get('cache_dir'))}")
-    for part in ("text_encoder", "llm"):
-        node = model.get(part)
-        if isinstance(node, DictConfig) and node.get("repo_id") and not model.get("random_init"):
-            fetched.append(
-                f"model.{part}: {snapshot(str(node.repo_id), node.get('local_path'), node.get('cache_dir'))}"
-            )
+    listed = fetch_assets(model_assets(cfg.model) + evaluator_assets(evaluators))
+    fetched += [f"{item.asset.what}: {len(item.entries)} files from {item.asset.source()}" for item in listed]
     for line in fetched:
         log.info("fetched %s", line)
     return fetched
+
+
+def check_offline(cfg: DictConfig, evaluators: Sequence[Any]) -> None:
+    """On an offline node (HF_HUB_OFFLINE=1), every file the job's stages read is on this machine:
+    the model's (generate stage) and the evaluators' (evaluate stage). Checked before generation.
+
+    Raises:
+        MissingAssetsError: naming every missing file, its source and the command that fetches it.
+    """
+    from harness.assets.fetching import MissingAssetsError, evaluator_assets, model_assets, offline, offline_missing
+
+    if not offline():
+        return
+    stages = list(cfg.get("stages") or [])
+    assets = (model_assets(cfg.model) if "generate" in stages else []) + (
+        evaluator_assets(evaluators) if "evaluate" in stages else [])
+    missing = offline_missing(assets)
+    if missing:
+        raise MissingAssetsError(
+            "HF_HUB_OFFLINE=1 and these files the job reads are not on this machine:"
+            + "".join(f"\n  {line}" for line in missing)
+            + "\nRun the same command with stages=[fetch] on a node with internet (it fetches all of them), "
+            "then copy the caches (HF_HOME, $MULO_BENCH_CACHE) here")
 
 
 def _plain(node: DictConfig) -> dict[str, Any]:

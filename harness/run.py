@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness import moved, preflight
+from harness.assets import mirror
 from harness.api import SETTING_COLUMN, ConfigValueError, Evaluator, InputError, ModelBundle, SamplingParams
 from harness.checks import build as _build
 from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
@@ -61,6 +62,26 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def require_cuda(device: torch.device) -> None:
+    """Stop a job that must generate on a GPU (`require_cuda: true`, the paper experiments) when this
+    torch cannot use one, naming why and the fix, before any weight is loaded.
+
+    Raises:
+        ConfigValueError: the device is not CUDA.
+    """
+    if device.type == "cuda":
+        return
+    lines = NVIDIA_DRIVER.read_text(errors="replace").splitlines() if NVIDIA_DRIVER.is_file() else []
+    driver = lines[0].strip() if lines else "no NVIDIA driver is loaded on this machine"
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    raise ConfigValueError(
+        f"this experiment generates on a GPU (require_cuda: true) but runs on {device.type}: "
+        f"torch.cuda.is_available() is {torch.cuda.is_available()}, driver: {driver}, torch {torch.__version__} "
+        f"is {build}. Install the torch build that matches the node's driver first (e.g. `pip install torch "
+        "--index-url https://download.pytorch.org/whl/cu126` for drivers >= 560, cu130 needs >= 580; "
+        "docs/install.md), run on a GPU node, or pass require_cuda=false to generate on the CPU on purpose")
+
+
 def guided(bundle: ModelBundle, sampling: SamplingParams) -> ModelBundle:
     """Wrap every model of the bundle in classifier-free guidance unless the scale is 1."""
     if sampling.cfg_scale == 1.0:
@@ -98,12 +119,15 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         EvaluationFailedError: an evaluator failed; the other evaluators' rows were written.
     """
     moved.updated(cfg)  # old `_target_` paths of a user's config, with a warning
+    mirror.use(OmegaConf.select(cfg, "assets.mirror"))  # downloads read through it, here and in subprocesses
     trust_targets_of(cfg)
     check_config(cfg)
     _writable(out_dir, "results directory (hydra.run.dir)")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     device = _device(cfg.device)
+    if cfg.get("require_cuda") and "generate" in cfg.stages:
+        require_cuda(device)
     if "generate" in cfg.stages:  # scoring stored samples compiles nothing
         engine.check(str(cfg.get("engine") or "eager"), device)
     jobs_plan = preflight.check(cfg)  # incompatible decoders / evaluators, missing weights: before anything
@@ -113,7 +137,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
                                           f"{jobs_plan.skipped}")
     timing = timing_of(cfg)
     if "fetch" in cfg.stages:
-        preflight.fetch(cfg)
+        preflight.fetch(cfg, _evaluators(cfg, jobs_plan.evaluators))
         if list(cfg.stages) == ["fetch"]:
             return pd.DataFrame()
     start = int(cfg.get("dataset_start") or 0)
@@ -126,6 +150,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     full_plan = plan(prompts, cfg.images_per_prompt, cfg.seed)  # what an evaluate stage scores
     _check_shard_stages(cfg)
     evaluators = _evaluators(cfg, jobs_plan.evaluators) if "evaluate" in cfg.stages else []  # fail now
+    preflight.check_offline(cfg, evaluators)  # offline: every file the stages read is here
     samples_root = Path(cfg.samples_dir) if cfg.samples_dir else out_dir / "samples"
     if "generate" in cfg.stages:
         _writable(samples_root, "samples directory (samples_dir)")

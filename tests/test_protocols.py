@@ -10,6 +10,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from harness import preflight
+from harness.api import ConfigValueError
 from harness.datasets.prompts import select
 from harness.run import _build, run
 from tests.conftest import compose_cfg
@@ -136,3 +137,22 @@ def test_fetch_stage_reads_the_prompt_set_and_stops(tmp_path: Path, caplog: pyte
     summary = run(compose_cfg(["+experiment=smoke", "stages=[fetch]"]), tmp_path / "run")
     assert summary.empty and not (tmp_path / "run" / "samples").exists()
     assert "fetched dataset shapes: 64 prompts" in caplog.text  # the whole set, not only the limit
+
+
+def test_paper_experiment_without_cuda_stops_before_loading_weights(tmp_path: Path) -> None:
+    """paper_main requires a GPU: on this CPU machine the generate stage stops with the reason before
+    any weight is looked for (llamagen_xl_512's files are not here, so reading one would fail otherwise)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is usable here")
+    cfg = compose_cfg(["+experiment=paper_main", "model=llamagen_xl_512", "protocol=latency", "dataset_limit=1"])
+    with pytest.raises(ConfigValueError) as err:
+        run(cfg, tmp_path / "run")
+    text = str(err.value)
+    assert "require_cuda" in text and "torch.cuda.is_available() is False" in text
+    assert f"torch {torch.__version__}" in text and "download.pytorch.org" in text
+    assert not (tmp_path / "run" / "samples").exists()
+    fetch_only = compose_cfg(["+experiment=paper_main", "model=tar_tiny", "protocol=latency", "dataset=shapes",
+                             "stages=[fetch]"])
+    assert run(fetch_only, tmp_path / "fetch").empty  # fetch on a CPU login node is fine

@@ -7,12 +7,14 @@ downloading it once (atomically, verified before it lands in the cache); `resolv
 prefers a local file the user gives (verified the same way) and never touches the network then.
 
 The cache lives in `$MULO_BENCH_CACHE` (default `~/.cache/mulo_bench`), `data/` below it. For
-offline nodes: run the loader once on a connected machine and
-copy that folder, or pass the local path of each file in the dataset config.
+offline nodes: run `stages=[fetch]` (or the loader) once on a connected machine and copy that folder,
+or pass the local path of each file in the dataset config. Behind a firewall, `$MULO_BENCH_MIRROR`
+(config `assets.mirror`, harness/assets/mirror.py) reads every URL from a mirror instead.
 """
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import shutil
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.api import InputError
+from harness.assets.mirror import mirrored
 
 log = logging.getLogger(__name__)
 
@@ -119,15 +122,19 @@ def fetch(pinned: Pinned, cache_dir: Path | None = None) -> Path:
         return target
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{pinned.name}.{uuid.uuid4().hex[:12]}.tmp"
-    log.info("downloading %s from %s", pinned.what or pinned.name, pinned.url)
+    url = mirrored(pinned.url)
+    log.info("downloading %s from %s", pinned.what or pinned.name, url)
     try:
-        with urllib.request.urlopen(pinned.url, timeout=_TIMEOUT_S) as response, open(tmp, "wb") as out:
+        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response, open(tmp, "wb") as out:
+            expected = response.headers.get("Content-Length")
             shutil.copyfileobj(response, out, _CHUNK)
+        if expected is not None and tmp.stat().st_size != int(expected):  # the connection dropped
+            raise http.client.IncompleteRead(b"", int(expected) - tmp.stat().st_size)
         verify(tmp, pinned)
         os.replace(tmp, target)
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         raise DownloadError(
-            f"could not download {pinned.what or pinned.name} from {pinned.url} ({exc}). On an offline "
+            f"could not download {pinned.what or pinned.name} from {url} ({type(exc).__name__}: {exc}). On an offline "
             f"node, download it elsewhere ({pinned.checksum}) and either place it at {target} "
             f"(set ${CACHE_ENV} to choose the cache) or pass its local path in the dataset config."
         ) from exc

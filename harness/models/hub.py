@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -56,8 +56,11 @@ def resolve(repo_id: str, filename: str, local_path: str | None = None, cache_di
             f"(or copy the HF cache and set HF_HOME / HF_HUB_OFFLINE=1)") from err
 
 
-def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None = None) -> str:
-    """A local folder of a whole Hub repo (transformers models): `local_path` or a snapshot download."""
+def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None = None,
+             allow_patterns: Sequence[str] | None = None) -> str:
+    """A local folder of a Hub repo (transformers models): `local_path`, or a snapshot download of the
+    files matching `allow_patterns` (None: every file; loaders name what they read, so that a repo
+    holding several weight formats is not downloaded several times)."""
     if local_path:
         if not Path(local_path).expanduser().is_dir():
             raise WeightsError(f"model folder {local_path} does not exist (expected a copy of the Hugging "
@@ -68,12 +71,13 @@ def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None 
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(repo_id=repo_id, cache_dir=cache_dir)
+        patterns = list(allow_patterns) if allow_patterns is not None else None
+        return snapshot_download(repo_id=repo_id, cache_dir=cache_dir, allow_patterns=patterns)
     except Exception as err:  # noqa: BLE001
         raise WeightsError(
             f"could not download the Hugging Face repo {repo_id} ({type(err).__name__}: {err}). "
             f"On a node without internet, pre-download it with "
-            f"`hf download {repo_id} --local-dir DIR` and pass "
+            f"`hf download {repo_id} --local-dir DIR` (or run stages=[fetch]) and pass "
             f"DIR as the local path") from err
 
 

@@ -65,6 +65,10 @@ def clean_caption(text: str) -> str:
 class FlanT5Encoder:
     """FLAN-T5 encoder features through transformers (`T5EncoderModel`), loaded on construction."""
 
+    # the repo files it reads (config, tokenizer, safetensors weights; not the .bin / TF / Flax copies)
+    FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
+             "*.safetensors", "model.safetensors.index.json")
+
     def __init__(self, repo_id: str = "google/flan-t5-xl", local_path: str | None = None,
                  cache_dir: str | None = None, max_length: int = 120, dtype: str = "bf16",
                  device: str | None = None, clean: bool = True) -> None:
@@ -73,7 +77,7 @@ class FlanT5Encoder:
         except ImportError as err:
             raise ImportError("LlamaGen's caption encoder needs transformers (and sentencepiece): "
                               "pip install transformers sentencepiece") from err
-        folder = snapshot(repo_id, local_path, cache_dir)
+        folder = snapshot(repo_id, local_path, cache_dir, self.FILES)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder)
             self.model = T5EncoderModel.from_pretrained(folder, torch_dtype=dtype_of(dtype)).eval()

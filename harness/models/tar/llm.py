@@ -52,6 +52,11 @@ def parse_codes(text: str, seq_len: int) -> list[int]:
 class TarLLM:
     """Qwen2 causal LM of a Tar checkpoint, sampling TA-Tok codes."""
 
+    # the repo files it reads (config, generation defaults, Qwen2 tokenizer and chat template, weights)
+    FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+             "merges.txt", "added_tokens.json", "special_tokens_map.json", "chat_template.*", "*.safetensors",
+             "model.safetensors.index.json")
+
     def __init__(self, repo_id: str = "csuhan/Tar-1.5B", local_path: str | None = None,
                  cache_dir: str | None = None, scale: int = 0, seq_len: int = 729, dtype: str = "bf16",
                  device: str | None = None, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 1200,
@@ -61,7 +66,7 @@ class TarLLM:
             from transformers import AutoTokenizer, Qwen2ForCausalLM
         except ImportError as err:
             raise ImportError("Tar's LLM stage needs transformers: pip install transformers") from err
-        folder = snapshot(repo_id, local_path, cache_dir)
+        folder = snapshot(repo_id, local_path, cache_dir, self.FILES)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder)
             self.model = Qwen2ForCausalLM.from_pretrained(folder, torch_dtype=dtype_of(dtype)).eval()

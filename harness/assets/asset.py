@@ -1,0 +1,228 @@
+"""One thing a job downloads, described so that it can be listed (files, sizes, cached or not),
+fetched ahead of time and checked offline.
+
+- `HubFiles`: the files of a Hugging Face repository that a loader reads, by name or pattern
+  (`allow_patterns`), into the hub cache, as `hf_hub_download` / `snapshot_download` do at run time;
+- `UrlFile`: a pinned URL (harness/datasets/downloads.py), read through `assets.mirror` when set;
+- `ModelScopeModel`: a ModelScope model (DPG-Bench's mPLUG), fetched with modelscope when installed.
+
+Every kind answers `entries()` (online: what the source holds, with sizes), `missing()` (offline:
+the files not on this machine) and `download()`.
+"""
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from harness.api import InputError
+from harness.assets.mirror import mirror, mirrored
+from harness.datasets.downloads import DownloadError, Pinned, cache_root, fetch
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT_S = 30
+
+
+class AssetError(InputError, RuntimeError):
+    """An asset cannot be listed or downloaded; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of an asset: its name, size in bytes (None: unknown) and whether it is on this machine."""
+
+    name: str
+    size: int | None
+    cached: bool
+
+
+class Asset(Protocol):
+    """What every kind of asset answers."""
+
+    what: str  # who reads it, e.g. "model.text_encoder" or "evaluator hpsv2"
+
+    def source(self) -> str: ...  # e.g. "hub google/flan-t5-xl"
+
+    def entries(self) -> list[Entry]: ...
+
+    def missing(self) -> list[str]: ...
+
+    def download(self) -> None: ...
+
+    def command(self) -> str: ...  # how to fetch it by hand
+
+
+@dataclass(frozen=True)
+class HubFiles:
+    """Files of Hugging Face repo `repo` matching `patterns` (exact names or globs), in `cache_dir`
+    (None: the default hub cache). The files named in `required` (None: every pattern without a
+    wildcard) must be in the repo; the other patterns may match nothing (optional files)."""
+
+    what: str
+    repo: str
+    patterns: tuple[str, ...]
+    cache_dir: str | None = None
+    required: tuple[str, ...] | None = None
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        """The file names that must exist in the repo."""
+        if self.required is not None:
+            return self.required
+        return tuple(p for p in self.patterns if not _has_wildcard(p))
+
+    def source(self) -> str:
+        return f"hub {self.repo}"
+
+    def _snapshot(self, **kwargs):
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id=self.repo, allow_patterns=list(self.patterns), cache_dir=self.cache_dir,
+                                 **kwargs)
+
+    def entries(self) -> list[Entry]:
+        """The repo's files this asset reads, from the hub (a dry run: nothing is downloaded).
+
+        Raises:
+            AssetError: the hub cannot be reached, or a named file is not in the repo.
+        """
+        try:
+            infos = self._snapshot(dry_run=True)
+        except Exception as err:  # noqa: BLE001 - network, missing repo, offline: reported alike
+            raise AssetError(f"{self.what}: cannot list the Hugging Face repo {self.repo} ({type(err).__name__}: "
+                             f"{_first_line(err)}); check the network or HF_ENDPOINT, or fetch it by hand with "
+                             f"`{self.command()}`") from err
+        names = [info.filename for info in infos]
+        absent = [p for p in self.needed if p not in names]
+        if absent:
+            raise AssetError(f"{self.what}: the Hugging Face repo {self.repo} has no file {', '.join(absent)}; "
+                             "check the repo id and file names in the config (or the mirror behind HF_ENDPOINT)")
+        if not names:
+            raise AssetError(f"{self.what}: no file of the Hugging Face repo {self.repo} matches {list(self.patterns)}")
+        return [Entry(info.filename, info.file_size, info.is_cached) for info in infos]
+
+    def missing(self) -> list[str]:
+        """The files not in the cache (checked without the network). Names each exact file missing; for
+        patterns, the cache's listing of the repo (written when it was fetched) decides."""
+        from huggingface_hub import try_to_load_from_cache
+
+        absent = [p for p in self.needed if not isinstance(
+            try_to_load_from_cache(repo_id=self.repo, filename=p, cache_dir=self.cache_dir), str)]
+        if absent or set(self.needed) == set(self.patterns):
+            return absent
+        try:
+            self._snapshot(local_files_only=True)
+        except Exception:  # noqa: BLE001 - LocalEntryNotFoundError and kin: the snapshot is not complete
+            return [p for p in self.patterns if p not in self.needed]
+        return []
+
+    def download(self) -> None:
+        try:
+            self._snapshot()
+        except Exception as err:  # noqa: BLE001
+            raise AssetError(f"{self.what}: downloading {list(self.patterns)} from the Hugging Face repo "
+                             f"{self.repo} failed ({type(err).__name__}: {_first_line(err)}); rerun stages=[fetch] "
+                             "(what was fetched is kept) or fetch it by hand with "
+                             f"`{self.command()}`") from err
+
+    def command(self) -> str:
+        if set(self.needed) == set(self.patterns):
+            return f"hf download {self.repo} {' '.join(self.patterns)}"
+        return f"hf download {self.repo} " + " ".join(f"--include '{p}'" for p in self.patterns)
+
+
+@dataclass(frozen=True)
+class UrlFile:
+    """A pinned file fetched into the harness cache (or `folder` below it)."""
+
+    what: str
+    pinned: Pinned
+    folder: str | None = None
+
+    def source(self) -> str:
+        return mirrored(self.pinned.url)
+
+    def _target(self) -> Path:
+        return (Path(self.folder) if self.folder else cache_root() / "data") / self.pinned.name
+
+    def entries(self) -> list[Entry]:
+        """The file with its size (a HEAD request, through the mirror), or its cached size."""
+        target = self._target()
+        if target.is_file():
+            return [Entry(self.pinned.name, target.stat().st_size, True)]
+        request = urllib.request.Request(mirrored(self.pinned.url), method="HEAD")
+        try:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+                length = response.headers.get("Content-Length")
+        except (urllib.error.URLError, OSError) as err:
+            raise AssetError(f"{self.what}: cannot reach {mirrored(self.pinned.url)} ({err}); "
+                             f"{_url_fix()}") from err
+        return [Entry(self.pinned.name, int(length) if length else None, False)]
+
+    def missing(self) -> list[str]:
+        return [] if self._target().is_file() else [self.pinned.name]
+
+    def download(self) -> None:
+        try:
+            fetch(self.pinned, Path(self.folder) if self.folder else None)
+        except DownloadError as err:
+            raise AssetError(f"{self.what}: {err}") from err
+
+    def command(self) -> str:
+        return f"wget -O {self._target()} {self.pinned.url}"
+
+
+@dataclass(frozen=True)
+class ModelScopeModel:
+    """A ModelScope model, downloaded into the ModelScope cache by modelscope itself."""
+
+    what: str
+    model_id: str
+
+    def source(self) -> str:
+        return f"modelscope {self.model_id}"
+
+    def _modelscope(self):
+        try:
+            from modelscope.hub.snapshot_download import snapshot_download
+        except ImportError as err:
+            raise AssetError(f"{self.what}: the ModelScope model {self.model_id} is fetched with modelscope, "
+                             "which is not installed; install it (docs/evaluators.md) or choose another VQA "
+                             "backend") from err
+        return snapshot_download
+
+    def entries(self) -> list[Entry]:
+        self._modelscope()
+        return [Entry(self.model_id, None, False)]
+
+    def missing(self) -> list[str]:
+        try:
+            self._modelscope()(self.model_id, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not installed, or not cached
+            return [self.model_id]
+        return []
+
+    def download(self) -> None:
+        self._modelscope()(self.model_id)
+
+    def command(self) -> str:
+        return f"modelscope download --model {self.model_id}"
+
+
+def _has_wildcard(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _url_fix() -> str:
+    if mirror():
+        return f"check that the mirror {mirror()} is up and holds the file under <host>/<path>"
+    return "check the network, or set assets.mirror to a mirror that holds it (docs/install.md)"

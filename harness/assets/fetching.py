@@ -1,0 +1,154 @@
+"""The assets of a job and `stages=[fetch]`.
+
+A job reads, besides its prompt set: the model's weight files (`model.*_file` keys, from
+`model.repo_id` / `tatok_repo` / `vq_repo` / `eagle_head_repo`), its text encoder or LLM repository
+(the loader class names the files it reads in `FILES`), and what each planned evaluator downloads
+(its `assets()`). `fetch` lists them with their sizes, says when everything is already here, and
+downloads the rest; `offline_missing` is the check, before generation, that a job without network
+(HF_HUB_OFFLINE=1) finds every file, naming each missing one and the command that fetches it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from omegaconf import DictConfig
+
+from harness.api import InputError
+from harness.assets.asset import Asset, Entry, HubFiles
+
+log = logging.getLogger(__name__)
+
+WEIGHT_KEYS = ("target_file", "drafter_file", "small_drafter_file", "vq_file", "tatok_file", "eagle_head_file",
+               "eagle_head_config")
+CONDITIONER_KEYS = ("text_encoder", "llm")  # model nodes of a hub repo loaded through transformers
+
+
+class MissingAssetsError(InputError, FileNotFoundError):
+    """Files a job reads that are not on this machine, which is offline."""
+
+
+def offline() -> bool:
+    """Whether this process must not download (HF_HUB_OFFLINE set to a true value): the one switch
+    that keeps hub files and the harness's own downloads off the network."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def repo_of(model: DictConfig, key: str) -> str:
+    """The hub repository of a weights key: Tar keeps the VQ decoder in `vq_repo` and the rest in
+    `tatok_repo`; LlamaGen keeps all in `repo_id`; a head may name `eagle_head_repo`."""
+    if key == "vq_file" and model.get("vq_repo"):
+        return str(model.vq_repo)
+    if key.startswith("eagle_head") and model.get("eagle_head_repo"):
+        return str(model.eagle_head_repo)
+    return str(model.get("tatok_repo") or model.get("repo_id"))
+
+
+def model_assets(model: DictConfig) -> list[Asset]:
+    """The hub files a real model config reads (none with random_init, local_dir, or no hub repo)."""
+    if model.get("random_init") or model.get("local_dir") or not (model.get("repo_id") or model.get("tatok_repo")):
+        return []
+    by_repo: dict[str, list[str]] = {}
+    for key in WEIGHT_KEYS:
+        file = model.get(key)
+        if isinstance(file, str) and file and "/" not in file:  # a path with folders is a local file
+            by_repo.setdefault(repo_of(model, key), []).append(file)
+    found: list[Asset] = [HubFiles(f"model {model.get('name')}", repo, tuple(files), model.get("cache_dir"))
+                          for repo, files in by_repo.items()]
+    for key in CONDITIONER_KEYS:
+        node = model.get(key)
+        if isinstance(node, DictConfig) and node.get("repo_id") and not node.get("local_path"):
+            files = _loader_files(node)
+            found.append(HubFiles(f"model.{key}", str(node.repo_id), files, node.get("cache_dir"),
+                                  required=("config.json",)))
+    return found
+
+
+def _loader_files(node: DictConfig) -> tuple[str, ...]:
+    """The `FILES` patterns of a conditioner node's loader class (every file when it names none)."""
+    from hydra.utils import get_class
+
+    return tuple(getattr(get_class(str(node._target_)), "FILES", ("*",)))
+
+
+def evaluator_assets(evaluators: Sequence[Any]) -> list[Asset]:
+    """What the (instantiated, not loaded) evaluators download when they score (their `assets()`)."""
+    return [asset for evaluator in evaluators if hasattr(evaluator, "assets") for asset in evaluator.assets()]
+
+
+@dataclass
+class Listed:
+    """An asset and its files as the source lists them."""
+
+    asset: Asset
+    entries: list[Entry]
+
+    @property
+    def to_download(self) -> list[Entry]:
+        return [entry for entry in self.entries if not entry.cached]
+
+
+def listing(assets: Sequence[Asset]) -> list[Listed]:
+    """Every asset's files with sizes and cache state (asks each source; downloads nothing)."""
+    return [Listed(asset, asset.entries()) for asset in assets]
+
+
+def table(listed: Sequence[Listed]) -> str:
+    """The listing as text: one line per file, then the total still to download."""
+    lines = []
+    for item in listed:
+        for entry in item.entries:
+            state = "cached" if entry.cached else "to fetch"
+            lines.append(f"  {item.asset.what:<28} {item.asset.source():<52} {entry.name:<44} "
+                         f"{_size(entry.size):>10}  {state}")
+    todo = [entry for item in listed for entry in item.to_download]
+    known = sum(entry.size or 0 for entry in todo)
+    unknown = sum(entry.size is None for entry in todo)
+    total = f"{len(todo)} files, {_size(known)}" + (f" + {unknown} of unknown size" if unknown else "")
+    return "\n".join(lines + [f"  to download: {total}"])
+
+
+def fetch_assets(assets: Sequence[Asset]) -> list[Listed]:
+    """List `assets`, then download what is not cached. Returns the listing made before downloading.
+
+    Raises:
+        AssetError: a source cannot be reached, lacks a file, or a download failed (what was fetched
+            before is kept; a rerun downloads only the rest).
+    """
+    listed = listing(assets)
+    log.info("assets this job reads:\n%s", table(listed))
+    if not any(item.to_download for item in listed):
+        log.info("every asset is already on this machine: nothing to download")
+        return listed
+    for item in listed:
+        if item.to_download:
+            log.info("fetching %s from %s", item.asset.what, item.asset.source())
+            item.asset.download()
+    still = [(item.asset, item.asset.missing()) for item in listed]
+    gaps = [f"{asset.what}: {', '.join(files)} from {asset.source()}" for asset, files in still if files]
+    if gaps:
+        raise MissingAssetsError("after fetching, still not on this machine: " + "; ".join(gaps))
+    return listed
+
+
+def offline_missing(assets: Sequence[Asset]) -> list[str]:
+    """For an offline job: one line per asset with files not on this machine, naming them and the
+    command that fetches them."""
+    lines = []
+    for asset in assets:
+        files = asset.missing()
+        if files:
+            lines.append(f"{asset.what}: {', '.join(files)} from {asset.source()} (`{asset.command()}`)")
+    return lines
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
