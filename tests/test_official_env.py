@@ -546,3 +546,27 @@ def test_the_script_does_not_see_the_harness_python_path(tmp_path: Path, monkeyp
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "harness-packages"), *sys.path]))
     result = geneval_official(tmp_path).evaluate(samples)
     assert len(result.per_sample) == 3
+
+
+def test_geneval_official_rows_reach_summary_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job with evaluator=[speed,geneval_official] writes the GenEval rows under the official
+    evaluator's name (and the gap to raster from its verdicts), with the checkout's commit in
+    evaluator_version."""
+    from tests.test_bad_inputs import outcome
+
+    geneval_repo(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": p.id.split("/")[1], **p.meta}) + "\n" for p in GENEVAL_PROMPTS))
+    status, err = outcome(tmp_path, [
+        "dataset=prompt_file", f"dataset.path={prompts}", "decoder=[raster]", "images_per_prompt=2",
+        "evaluator=[speed,geneval_official]", f"evaluator.geneval_official.env_python={sys.executable}",
+        f"evaluator.geneval_official.repo={tmp_path / 'geneval'}",
+        f"evaluator.geneval_official.model_path={tmp_path / 'detector'}", "evaluator.geneval_official.commit=standin0",
+    ], capsys)
+    assert status == 0, err
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    rows = summary[summary["evaluator"] == "geneval_official"]
+    assert set(rows["metric"]) == {"geneval", "geneval_images", "geneval_prompts", "geneval_gap_vs_raster"}
+    assert set(rows["evaluator_version"]) == {f"geneval-official@standin0/{DETECTOR}"}
+    per_sample = pd.read_csv(tmp_path / "run" / "per_sample" / "raster" / "geneval_official.csv")
+    assert len(per_sample) == 6 and set(per_sample["tag"]) == {"single_object", "two_object", "counting"}
