@@ -585,3 +585,20 @@ def test_command_line_exit_status(tmp_path: Path, override: str, word: str) -> N
     res = _harness([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}", override], tmp_path)
     assert res.returncode == EXIT_INPUT_ERROR, res.stderr[-2000:]
     assert word in res.stderr and "Traceback" not in res.stderr
+
+
+def test_official_evaluator_with_a_wrong_env_python_stops_before_generating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong `env_python` of an official evaluator (evaluators/official_env.py) is one line naming the
+    option and the recipe, before anything is generated."""
+    meta = {"id": "p", "prompt": "a photo of a cat", "tag": "single_object", "include": [{"class": "cat", "count": 1}]}
+    wrong = tmp_path / "geneval-env" / "bin" / "python"
+    overrides = [*_prompts(tmp_path, "rich.jsonl", json.dumps(meta).encode()), "evaluator=[speed,geneval_official]",
+                 f"evaluator.geneval_official.env_python={wrong}", f"evaluator.geneval_official.repo={tmp_path}",
+                 f"evaluator.geneval_official.model_path={tmp_path}"]
+    status, err = outcome(tmp_path, overrides, capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert err.startswith(f"error: evaluator.geneval_official.env_python={wrong} does not exist"), err
+    assert err.count("\n") == 1 and "docs/evaluators.md" in err
+    assert not list((tmp_path / "run").rglob("*.png")), "nothing may be generated"
