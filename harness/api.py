@@ -63,13 +63,18 @@ def checked_number(field: str, value: Any, *, integer: bool = False, low: float 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
     """How logits become a distribution. p is always: CFG-mixed logits -> temperature -> top-k ->
-    top-p. `temperature == 0` means greedy (argmax). Every field is checked at construction: finite,
+    top-p (`filter_order: top_k_first`, LlamaGen's order) or -> temperature -> top-p -> top-k
+    (`top_p_first`, LANTERN's `prepare_logits_processor`); the two differ only when both filters are
+    set. `temperature == 0` means greedy (argmax). Every field is checked at construction: finite,
     of the right type, in range."""
+
+    FILTER_ORDERS = ("top_k_first", "top_p_first")
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
     cfg_scale: float = 1.0
+    filter_order: str = "top_k_first"
 
     def __post_init__(self) -> None:
         checked_number("sampling.temperature", self.temperature, low=0)  # 0 = greedy
@@ -77,6 +82,9 @@ class SamplingParams:
         if self.top_k is not None:
             checked_number("sampling.top_k", self.top_k, integer=True, low=1)  # null = no top-k
         checked_number("sampling.cfg_scale", self.cfg_scale, low=0)
+        if self.filter_order not in self.FILTER_ORDERS:
+            raise ConfigValueError(f"sampling.filter_order must be one of {list(self.FILTER_ORDERS)}, got "
+                                   f"{self.filter_order!r}; e.g. sampling.filter_order=top_k_first")
 
     @property
     def greedy(self) -> bool:
@@ -177,7 +185,11 @@ class ModelBundle:
     weights_id: str | None = None  # identifies the weights (e.g. a manifest digest); None: the
                                    # harness digests the models' parameters when it needs an id
 
-    def condition(self, prompts: Sequence[str]) -> Condition:
+    def condition(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> Condition:
+        """The condition of one image per prompt; `seeds` (the images' seeds) reach a conditioner
+        that draws per image (`takes_seeds`: Tar's LLM stage), the others read only the prompts."""
+        if seeds is not None and getattr(self.conditioner, "takes_seeds", False):
+            return self.conditioner(prompts, seeds)
         return self.conditioner(prompts)
 
     @property

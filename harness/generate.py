@@ -249,8 +249,9 @@ class _Batch:
 
 def _decode(job: Job, batch: list[SampleSpec], watch: Stopwatch) -> tuple[Any, Any, tuple[Measure, Measure, Measure]]:
     """Condition + decode + tokens->pixels for one batch: (pixels [B, H, W, 3] uint8, generation, measures)."""
-    cond, m_cond = watch.time(lambda: job.models.condition([s.prompt.text for s in batch]))
-    gen, m_dec = watch.time(lambda: job.decoder.generate(job.models, cond, [s.seed for s in batch]), scheduler=True)
+    texts, seeds = [s.prompt.text for s in batch], [s.seed for s in batch]
+    cond, m_cond = watch.time(lambda: job.models.condition(texts, seeds))
+    gen, m_dec = watch.time(lambda: job.decoder.generate(job.models, cond, seeds), scheduler=True)
     images, m_img = watch.time(lambda: job.models.target.decode(gen.tokens))
     pixels = images.permute(0, 2, 3, 1).cpu().numpy()
     return pixels, gen, (m_cond, m_dec, m_img)
@@ -319,7 +320,7 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
         for u, batch in enumerate(progress(untimed[job.name], desc=f"untimed {job.name}", unit="batches")):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            cond = job.models.condition([s.prompt.text for s in batch])
+            cond = job.models.condition([s.prompt.text for s in batch], [s.seed for s in batch])
             gen = job.decoder.generate(job.models, cond, [s.seed for s in batch])
             pixels = job.models.target.decode(gen.tokens).permute(0, 2, 3, 1).cpu().numpy()
             row = {"decoder": job.name, "batch_id": f"{run_token}-u{u}", "batch_size": len(batch), "timed": False,

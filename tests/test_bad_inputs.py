@@ -52,6 +52,7 @@ CONFIG_CASES = [
     (["sampling.top_k=0"], ["sampling.top_k", ">= 1"]),
     (["sampling.top_p=0"], ["sampling.top_p", "> 0"]),
     (["sampling.top_p=1.5"], ["sampling.top_p", "<= 1"]),
+    (["sampling.filter_order=top_p"], ["sampling.filter_order", "'top_p'", "top_k_first", "top_p_first"]),
     (["dataset_limit=abc"], ["dataset_limit", "'abc'"]),
     (["dataset_limit=0"], ["dataset_limit", ">= 1"]),
     (["threads=-1"], ["threads", ">= 1"]),
@@ -85,6 +86,8 @@ CONFIG_CASES = [
     (["decoder.mulo_sd.draft.upsampler.kind=bogus"], ["decoder.mulo_sd.draft.upsampler.kind=bogus", "pixel"]),
     (["decoder.zipar.mask=foo"], ["decoder.zipar.mask=foo", "written"]),
     (["decoder.eagle2.draft.depth=x"], ["decoder.eagle2.draft.depth=x", "integer"]),
+    (["decoder.lantern.sampling.filter_order=x"], ["decoder.lantern.sampling.filter_order=x", "top_p_first"]),
+    (["decoder.lantern.accept.pooled_if=some"], ["decoder.lantern.accept.pooled_if=some", "prefix", "mass"]),
     # an evaluator's name becomes per_sample/<decoder>/<name>.csv
     (["+evaluator.geneval_shapes.name=../x"], ["evaluator.geneval_shapes.name", "'../x'", "plain file name"]),
     (["+evaluator.geneval_shapes.name=a/b"], ["evaluator.geneval_shapes.name", "'a/b'"]),

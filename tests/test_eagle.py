@@ -228,13 +228,18 @@ def test_committing_a_path_equals_recomputing_it() -> None:
 # ----------------------------------------------------------------------------- decoding
 @pytest.mark.parametrize("cfg_scale", [1.0, 2.0])
 def test_greedy_eagle2_and_lantern_return_the_raster_tokens(cfg_scale: float) -> None:
+    """Greedy eagle2, and greedy lantern at delta = 0, return the raster tokens. At delta = 0.4
+    LANTERN's greedy branch relaxes the argmax (until issue 42 the harness used one-hot p there and
+    this test pinned lantern = raster at every delta): its tokens differ, its bookkeeping holds."""
     params = SamplingParams(temperature=0.0, cfg_scale=cfg_scale)
     models = guided(build(grid=4, vocab=32, dim=32), params)
     cond = models.condition(PROMPTS)
     raster = RasterDecoder(params).generate(models, cond, [1, 2, 3])
-    for rule in (ExactRule(), LanternRule(k=8, delta=0.0), LanternRule(k=8, delta=0.4, metric="normalised")):
+    rules = (ExactRule(), LanternRule(k=8, delta=0.0), LanternRule(k=8, delta=0.4, metric="normalised"))
+    for rule in rules:
         out = _tree_decoder(params, rule).generate(models, cond, [4, 5, 6])
-        assert torch.equal(out.tokens, raster.tokens), rule.name
+        relaxed = isinstance(rule, LanternRule) and rule.delta > 0
+        assert torch.equal(out.tokens, raster.tokens) != relaxed, rule.name
         for stats in out.stats:
             assert sum(stats.accepted_per_step) == 16 and stats.tokens == 16
             assert stats.target_forwards == len(stats.accepted_per_step)
@@ -244,8 +249,10 @@ def test_greedy_eagle2_and_lantern_return_the_raster_tokens(cfg_scale: float) ->
 @pytest.mark.parametrize("rule", ["exact", "exact-sequential", "lantern-0"])
 def test_eagle2_preserves_the_target_distribution(rule: str) -> None:
     """Monte Carlo on a 2x2 grid of 3 codes: the empirical distribution of eagle2 (and of lantern
-    at delta = 0) over 3000 images is within sampling noise of the enumerated target distribution,
-    and a rule that forgets to take a rejected candidate out of p is caught."""
+    at delta = 0 with `pooled_if: mass`) over 3000 images is within sampling noise of the enumerated
+    target distribution, and a rule that forgets to take a rejected candidate out of p is caught.
+    LANTERN's own `pooled_if: prefix` (the default since issue 42) is not exact at delta = 0 here:
+    codes of zero mass make a rejected candidate take its neighbourhood out of p."""
     params = SamplingParams(temperature=1.0, cfg_scale=1.5)
     models = guided(_tiny_bundle(), params)
     prompt = "a red circle"
@@ -253,7 +260,7 @@ def test_eagle2_preserves_the_target_distribution(rule: str) -> None:
     samples = 3000
     bound = _noise_bound(exact, samples)
     chosen = {"exact": ExactRule(), "exact-sequential": _SequentialExact(),
-              "lantern-0": LanternRule(k=2, delta=0.0)}[rule]
+              "lantern-0": LanternRule(k=2, delta=0.0, pooled_if="mass")}[rule]
     decoder = _tree_decoder(params, chosen, depth=2, top_k=2, total_tokens=7)
     tvd = _tvd(decoder, models, exact, prompt, samples)
     assert tvd < bound, f"TVD {tvd:.4f} to the target >= {bound:.4f}"

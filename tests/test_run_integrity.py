@@ -173,3 +173,13 @@ def test_a_set_stored_before_an_option_existed_is_resumed(tmp_path: Path) -> Non
     assert "below" not in samples.binding()["decoder"]["accept"]  # the stored file is kept as it was
     with pytest.raises(BindingMismatchError, match="decoder.accept.below"):
         run(_cfg([*cfg, "decoder.mulo_sd.accept.below=1"]), tmp_path / "run")
+
+
+def test_a_set_bound_before_filter_order_existed_matches_the_default_order() -> None:
+    from harness.store.binding import compared
+
+    old = {"sampling": {"temperature": 1.0, "top_k": None, "top_p": 1.0, "cfg_scale": 1.5}}
+    now = {"sampling": {**old["sampling"], "filter_order": "top_k_first"}}
+    assert compared(old) == compared(now)
+    assert compared(old) != compared({"sampling": {**now["sampling"], "filter_order": "top_p_first"}})
+    assert compared(old)["sampling"]["cfg_scale"] == 1.5  # keys off their default stay

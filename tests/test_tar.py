@@ -132,3 +132,56 @@ def test_codes_parsing_and_tiny_code_lm_are_deterministic() -> None:
     lm = TinyCodeLM(codebook_size=100, seq_len=9, seed=1)
     a, b = lm(["a cat", "a dog"]), lm(["a dog"])
     assert a.shape == (2, 9) and torch.equal(a[1], b[0]) and not torch.equal(a[0], a[1])
+
+
+def test_llm_draw_seeds_per_image_and_shared_per_prompt() -> None:
+    """TarLLM's seeding, without transformers: per image from the image's seed, shared from the prompt."""
+    from harness.models.tar.llm import draw_seeds
+
+    prompts = ["a cat"] * 4 + ["a dog"]
+    seeds = [11, 12, 13, 14, 11]
+    per_image = draw_seeds("per_image", 0, prompts, seeds)
+    assert len(set(per_image[:4])) == 4 and per_image[4] == per_image[0]  # the image seed decides
+    assert draw_seeds("per_image", 0, prompts[:1], [12]) == per_image[1:2]  # not the batch
+    shared = draw_seeds("shared_per_prompt", 0, prompts, seeds)
+    assert len(set(shared[:4])) == 1 and shared[4] != shared[0]
+    assert draw_seeds("per_image", 0, prompts, None) == shared  # no image seeds: the prompt's draw
+    with pytest.raises(ValueError, match="5 prompts but 2 image seeds"):
+        draw_seeds("per_image", 0, prompts, [1, 2])
+
+
+@pytest.mark.parametrize("draws", ["per_image", "shared_per_prompt"])
+def test_the_four_images_of_a_prompt_get_their_own_llm_samples(draws: str) -> None:
+    """The generate path hands the images' seeds to Tar's LLM stage (model=tar_tiny's TinyCodeLM):
+    under `per_image` (Tar's evaluation scripts) the four images of a prompt are conditioned on four
+    LLM samples, under `shared_per_prompt` on one; the codes depend only on (seed, prompt id, image
+    index)."""
+    from baselines.methods.raster import RasterDecoder
+    from harness.api import Prompt, SamplingParams
+    from harness.generate import Job, Stopwatch, _decode
+    from harness.run import guided
+    from harness.store.samples import plan
+
+    cfg, bundle = _tiny([f"model.llm.draws={draws}"])
+    params = SamplingParams(cfg_scale=4.0)
+    seen: list[torch.Tensor] = []
+    llm = bundle.conditioner.llm
+
+    def recording(prompts, seeds=None):  # type: ignore[no-untyped-def]
+        codes = llm(prompts, seeds)
+        seen.append(codes)
+        return codes
+
+    bundle.conditioner.llm = recording
+    job = Job(name="raster", decoder=RasterDecoder(params), models=guided(bundle, params),
+              sample_set=None)  # type: ignore[arg-type]
+    prompts = [Prompt(id="t/0", text="a red cube"), Prompt(id="t/1", text="a blue ball")]
+    specs = plan(prompts, 4, 7)
+    _decode(job, specs, Stopwatch(torch.device("cpu")))
+    _decode(job, specs[4:6], Stopwatch(torch.device("cpu")))  # images 0, 1 of prompt t/1 alone
+    codes, again = seen
+    for first in (0, 4):
+        distinct = {tuple(row.tolist()) for row in codes[first:first + 4]}
+        assert len(distinct) == (4 if draws == "per_image" else 1), draws
+    assert not torch.equal(codes[0], codes[4])
+    assert torch.equal(again, codes[4:6])

@@ -3,8 +3,9 @@ which distribution a rejected position is resampled. Vectorised over batch and d
 randomness comes in as uniforms drawn from the per-image random streams by the loop.
 
 A rule sees, for one verification of L drafts:
-    p       [B, L, V]  target distribution at each draft position (CFG -> temperature -> top-k ->
-                       top-p, harness/runtime/sampling.py), conditioned on the drafts before it;
+    p       [B, L, V]  target distribution at each draft position (CFG -> temperature -> the top-k
+                       and top-p filters in `sampling.filter_order`, harness/runtime/sampling.py),
+                       conditioned on the drafts before it;
     q       [B, L, V]  the distribution each draft was drawn from, or None for drafts that are a
                        deterministic function of earlier randomness (q = one-hot on the draft);
     drafts  [B, L]     int64;
@@ -148,31 +149,38 @@ class LanternRule:
     With sampled chain drafts q is the drafter's distribution, as in LANTERN++'s static trees
     (LANTERN's EAGLE-2 top-k tree uses q = 1); with q = None the ratio is p~(x).
 
-    Over a draft tree (`candidate`, LANTERN's evaluate_posterior): accept x with probability
-    p(x) + p(A) (A: x's pooled neighbours, computed on what is left of p after rejected siblings);
-    on rejection zero x and, when x pooled any mass, its k + 1 nearest codes (`on_reject:
-    neighbourhood`, LANTERN's code) or only the pooled ones (`pooled`), and renormalise; a
-    distribution with no mass left becomes uniform over the codebook (LANTERN's fallback). Unlike
-    LANTERN's code, a prefix of neighbours with zero mass pools nothing, so delta = 0 is `exact`.
+    Over a draft tree (`candidate`, the sampling branch of LANTERN's evaluate_posterior): accept x
+    with probability p(x) + p(A) (A: x's pooled neighbours, computed on what is left of p after
+    rejected siblings); on rejection zero x and, when x counts as pooled, its k + 1 nearest codes
+    (`on_reject: neighbourhood`, LANTERN's code) or only the pooled ones (`pooled`), and
+    renormalise; a distribution with no mass left becomes uniform over the codebook (LANTERN's
+    fallback). x counts as pooled when A is not empty (`pooled_if: prefix`, LANTERN's code: the
+    first neighbour's mass is <= delta, also when it is 0, as it is for every code top-k filtered
+    out) or only when A moved mass > 0 (`pooled_if: mass`: then delta = 0 is `exact`).
+
+    Greedy (temperature 0) over a draft tree (`greedy_boost`, `accept_tree_greedy`: LANTERN's
+    greedy branch): p is the softmax of the CFG-mixed logits, x's entry is raised to p(x) + p(A),
+    and x is accepted iff it is the argmax of that distribution; the accepted path is the longest
+    accepted root-to-leaf prefix. The chain decoder (`decide`) uses one-hot p in greedy mode.
 
     Args:
         k: latent neighbours considered per draft token (the paper's comparison: 1000; clamped
             to V - 1).
-        delta: total-variation budget in [0, 1] (the paper's comparison: 0.4; 0 = `exact`).
+        delta: total-variation budget in [0, 1] (the paper's comparison: 0.4; 0 = `exact` with
+            `pooled_if: mass`).
         metric: how neighbours are found (NEIGHBOUR_METRICS): "raw" (L2 between the tokenizer's
             stored code vectors: LANTERN's generate_codebook.py) or "normalised" (L2 between the
             l2-normalised codes the VQ quantiser matches).
         on_reject: tree candidates only: "neighbourhood" or "pooled" (above).
-
-    In greedy mode p is one-hot, so for delta < 1 the rule accepts exactly the argmax (LANTERN's
-    own greedy variant instead relaxes the argmax over softmax probabilities).
+        pooled_if: tree candidates only: "prefix" or "mass" (above).
     """
 
     name = "lantern"
     ON_REJECT = ("neighbourhood", "pooled")
+    POOLED_IF = ("prefix", "mass")
 
     def __init__(self, k: int = 1000, delta: float = 0.4, metric: str = "raw",
-                 on_reject: str = "neighbourhood") -> None:
+                 on_reject: str = "neighbourhood", pooled_if: str = "prefix") -> None:
         if int(k) != k or k < 1:
             raise ValueError(f"decoder.lantern accept.k must be an integer >= 1, got {k!r}")
         if not 0.0 <= delta <= 1.0:
@@ -184,35 +192,62 @@ class LanternRule:
         if on_reject not in self.ON_REJECT:
             raise ValueError(f"decoder.lantern accept.on_reject must be one of {self.ON_REJECT}, "
                              f"got {on_reject!r}")
+        if pooled_if not in self.POOLED_IF:
+            raise ValueError(f"decoder.lantern accept.pooled_if must be one of {self.POOLED_IF}, "
+                             f"got {pooled_if!r}")
         self.k = int(k)
         self.delta = float(delta)
         self.metric = metric
         self.on_reject = on_reject
+        self.pooled_if = pooled_if
 
     def decide(self, p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor, ctx: Context) -> Verdict:
         boosted = lantern_boost(p, drafts, ctx.neighbours(self.k, self.metric), self.delta)
         return speculative_verdict(boosted, q, drafts, u)
 
+    def _prefix(self, dist: Tensor, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        """dist [..., V], x [...] -> (x's k + 1 nearest codes [..., k + 1], nearest first; m, the
+        length of the pooled prefix A of the first k [...]; p(A) [...], 0 when A is empty)."""
+        zone = ctx.neighbours(self.k + 1, self.metric)[x]  # one table for both uses
+        cum = dist.gather(-1, zone[..., :self.k]).cumsum(-1)
+        count = (cum <= self.delta).sum(-1)  # a prefix, since cum is non-decreasing
+        moved = cum.gather(-1, (count - 1).clamp_min(0)[..., None])[..., 0].where(count > 0, 0.0)
+        return zone, count, moved
+
     def candidate(self, dist: Tensor, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
         """One tree candidate (see the class docstring): dist [B, V], x [B] -> (accept probability
         p(x) + p(A) [B], the distribution after rejecting x [B, V])."""
-        zone = ctx.neighbours(self.k + 1, self.metric)[x]  # [B, k + 1] nearest first (one table for both)
-        near = zone[:, :self.k]  # [B, k]
-        cum = dist.gather(-1, near).cumsum(-1)
-        count = (cum <= self.delta).sum(-1)  # m: the pooled prefix
-        moved = cum.gather(-1, (count - 1).clamp_min(0)[:, None])[:, 0].where(count > 0, 0.0)
-        pooled = moved > 0
+        zone, count, moved = self._prefix(dist, x, ctx)
+        pooled = count > 0 if self.pooled_if == "prefix" else moved > 0
         prob = dist.gather(-1, x[:, None])[:, 0] + moved
         if self.on_reject == "neighbourhood":  # LANTERN zeroes nearest_latents[x, :k+1]
             drop = torch.ones_like(zone, dtype=torch.bool)
         else:
-            zone = near
-            drop = torch.arange(near.shape[1], device=near.device)[None] < count[:, None]
+            zone = zone[:, :self.k]
+            drop = torch.arange(zone.shape[1], device=zone.device)[None] < count[:, None]
         drop = drop & pooled[:, None]
         after = dist.scatter(-1, x[:, None], 0.0)
         after = after.scatter(-1, zone, after.gather(-1, zone).masked_fill(drop, 0.0))
         uniform = torch.full_like(dist, 1.0 / dist.shape[-1])
         return prob, _normalise(after, uniform)
+
+    def greedy_boost(self, p: Tensor, xs: Tensor, ctx: Context) -> Tensor:
+        """LANTERN's greedy test: p [..., V] (softmax of the CFG-mixed logits), xs [..., K] ->
+        [..., K] bool: x is the argmax of p with p(x) raised to p(x) + p(A) (the neighbours keep
+        their mass). Ties go to the lower code, as torch.argmax does: x wins against every code
+        before it strictly and against every code after it or equal."""
+        _, _, moved = self._prefix(p[..., None, :].expand(*xs.shape, p.shape[-1]), xs, ctx)
+        boosted = p.gather(-1, xs) + moved
+        return _is_argmax(p, xs, boosted)
+
+
+def _is_argmax(p: Tensor, xs: Tensor, value: Tensor) -> Tensor:
+    """p [..., V], xs [..., K], value [..., K] -> whether argmax(p with p[x] := value) == x."""
+    before = p.cummax(-1).values  # max of p[:i + 1]
+    before = torch.cat([torch.full_like(before[..., :1], float("-inf")), before[..., :-1]], -1)
+    after = p.flip(-1).cummax(-1).values.flip(-1)  # max of p[i:]
+    after = torch.cat([after[..., 1:], torch.full_like(after[..., :1], float("-inf"))], -1)
+    return (value > before.gather(-1, xs)) & (value >= after.gather(-1, xs))
 
 
 @dataclass(frozen=True)
@@ -308,3 +343,72 @@ def _decide_children(rule: TreeRule, p: Tensor, xs: Tensor, valid: Tensor, u: Te
     taken, after = sequential_siblings(rule, p.reshape(b * n, v), xs.flatten(0, 1), valid.flatten(0, 1),
                                        u.flatten(0, 1), ctx)
     return taken.view(b, n), after.view(b, n, v)
+
+
+class GreedyTreeRule(Protocol):
+    name: str
+
+    def greedy_boost(self, p: Tensor, xs: Tensor, ctx: Context) -> Tensor: ...
+
+
+def accept_tree_greedy(p: Tensor, children: Tensor, tokens: Tensor, depth: Tensor, limit: Tensor, levels: int,
+                       rule: GreedyTreeRule, ctx: Context) -> TreeVerdict:
+    """LANTERN's greedy acceptance over a draft tree (evaluate_posterior without a logits
+    processor), vectorised over rows.
+
+    Every node is tested against its parent's p (`rule.greedy_boost`: is it the argmax once its
+    neighbours' mass is added to it?). LANTERN scores each root-to-leaf path (its rows, leaves in
+    block order) by the length of its accepted prefix and keeps the first longest one; so the
+    accepted path ends at the deepest node whose whole ancestry was accepted, ties going to the one
+    above the earliest leaf. Unlike the sampling walk, two accepted siblings are both followed. The
+    token after the path is the argmax of p at its end (dist is one-hot there).
+
+    Args:
+        p: [B, 1+m, V] softmax of the CFG-mixed logits after each block node (0 = the root).
+        children: [B, 1+m, K] block indices of each node's children, -1 = none.
+        tokens: [B, 1+m] the block's tokens.
+        depth: [B, m] the depth of nodes 1..m.
+        limit: [B] most tokens a row may accept (positions left in its image).
+        levels: the most drafted levels (depth + 1 of the draft options).
+        rule: has `greedy_boost` (LanternRule).
+    """
+    b, n, _ = p.shape
+    device = p.device
+    level = torch.cat([torch.zeros_like(depth[:, :1]), depth], 1)  # [B, 1+m]
+    kids = children.clamp_min(0)
+    xs = tokens.gather(1, kids.flatten(1)).view(kids.shape)
+    ok = rule.greedy_boost(p, xs, ctx) & (children >= 0)  # [B, 1+m, K]: child k of node i passes
+    # per node: its parent and whether it passed (the root has neither)
+    parent = torch.zeros(b, n, dtype=torch.long, device=device)
+    passed = torch.zeros(b, n, dtype=torch.bool, device=device)
+    owner = span(n, device)[None, :, None].expand_as(children)
+    real = children >= 0
+    flat = (kids + span(b, device)[:, None, None] * n)[real]  # each child's place in [B * (1+m)]
+    parent.view(-1).scatter_(0, flat, owner[real])
+    passed.view(-1).scatter_(0, flat, ok[real])
+    passed &= (level <= limit[:, None]) & (level <= levels)
+    passed[:, 0] = True
+    chain = passed.clone()  # the node and all its ancestors passed
+    for _ in range(levels):
+        chain = passed & chain.gather(1, parent)
+    reach = torch.where(chain, level, 0)  # depth of the deepest accepted node on the path to the root
+    for _ in range(levels):
+        reach = torch.where(chain, level, reach.gather(1, parent))
+    leaf = ~real.any(-1)  # [B, 1+m]
+    score = torch.where(leaf, reach, -1)
+    best = score.argmax(1, keepdim=True)  # the first leaf of the longest accepted prefix
+    accepted = score.gather(1, best)[:, 0]
+    stop = best
+    for _ in range(levels):  # climb from the leaf to the end of its accepted prefix
+        stop = torch.where(level.gather(1, stop) > accepted[:, None], parent.gather(1, stop), stop)
+    path = torch.zeros(b, levels + 1, dtype=torch.long, device=device)
+    cur = stop
+    for _ in range(levels):  # every node of the accepted path at its depth (column 0: the root)
+        path.scatter_(1, level.gather(1, cur), cur)
+        cur = parent.gather(1, cur)
+    path = path[:, 1:]
+    deciding = (level < limit[:, None]) & (level < levels)  # nodes whose children could be accepted
+    rejected = (real & deciding[..., None]).any(-1).gather(1, stop)
+    top = p.gather(1, stop[..., None].expand(-1, -1, p.shape[-1]))[:, 0].argmax(-1, keepdim=True)
+    dist = torch.zeros_like(p[:, 0]).scatter_(-1, top, 1.0)
+    return TreeVerdict(path=path, accepted=accepted, dist=dist, rejected=rejected[:, 0])

@@ -9,7 +9,9 @@ LANTERN runs them on LlamaGen. Each round:
    its depth (nodes of one depth share a rotary position) and attending to the committed sequence
    and its ancestors only (baselines/draft_tree.tree_attention);
 3. the acceptance rule walks the tree (baselines/acceptance.accept_tree: `exact` for EAGLE-2,
-   `lantern` for LANTERN) and the next token is drawn from what remains;
+   `lantern` for LANTERN) and the next token is drawn from what remains; in greedy mode a rule with
+   `greedy_boost` (LANTERN) decides as LANTERN's greedy branch does (`accept_tree_greedy`: relaxed
+   argmax over the softmax of the logits, the longest accepted path);
 4. the accepted path's keys/values move from their scratch slots to their positions' slots
    (`move_cache`; a node was rotated by its position, so this equals re-encoding the path), and
    the head reads the target's features of the path (the next round's catch-up).
@@ -30,7 +32,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from baselines.framework.acceptance import TreeRule, accept_tree
+from baselines.framework.acceptance import TreeRule, accept_tree, accept_tree_greedy
 from baselines.framework.canvas import Context, span
 from baselines.framework.draft_tree import tree_attention
 from baselines.methods.eagle import EagleDraft
@@ -100,11 +102,15 @@ class TreeDecoder:
             positions = torch.cat([root[:, None], root[:, None] + tree.depth], 1).clamp(max=n_tokens - 1)
             write = torch.cat([prefix + root[:, None], scratch.expand(b, -1)], 1)
             mask = tree_attention(tree.ancestry, prefix + root, seq, seq + m)
-            p = probs(target.forward(block, positions, mask, slots=write), self.sampling)  # [B, 1+m, V]
+            logits = target.forward(block, positions, mask, slots=write)  # [B, 1+m, V], CFG-mixed
             hidden = target.hidden  # [R, 1+m, dim]
             u = streams.draw((levels * k + 1,))
-            verdict = accept_tree(p, tree.children, block, tree.depth, u[:, :-1].reshape(b, levels, k),
-                                  remaining, self.accept, ctx)
+            if self.sampling.greedy and hasattr(self.accept, "greedy_boost"):  # LANTERN's greedy branch
+                verdict = accept_tree_greedy(logits.float().softmax(-1), tree.children, block, tree.depth,
+                                             remaining, levels, self.accept, ctx)  # type: ignore[arg-type]
+            else:
+                verdict = accept_tree(probs(logits, self.sampling), tree.children, block, tree.depth,
+                                      u[:, :-1].reshape(b, levels, k), remaining, self.accept, ctx)
             a = verdict.accepted  # 0 for finished rows: their limit `remaining` is 0
             final = inverse_cdf(verdict.dist, u[:, -1])
             # commit the path: cache slots, tokens, the head's catch-up

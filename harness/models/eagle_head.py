@@ -24,7 +24,8 @@ without the caption padding mask (LANTERN calls its drafter without one).
 
 A head is made for one target: its width, head width, vocabulary, token grid and caption slots
 must match (`check_compatible` names both sides). Files: LANTERN's `config.json` +
-`pytorch_model.bin` (`load_lantern`), or this project's safetensors with the config in the metadata
+`pytorch_model.bin` or `model.safetensors` (`load_lantern`), or this project's safetensors with the
+config in the metadata
 (`save_head` / `load_trained`, written by `python -m baselines.training.train_eagle`).
 """
 from __future__ import annotations
@@ -277,6 +278,15 @@ def load_trained(path: Path) -> EagleHead:
     return head.eval()
 
 
+def has_head_metadata(path: Path) -> bool:
+    """Whether a safetensors file carries this project's head config (`save_head`); LANTERN's
+    `model.safetensors` (read by its from_pretrained when pytorch_model.bin is absent) does not."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return HEAD_META in (f.metadata() or {})
+
+
 def read_info(path: Path) -> dict[str, Any]:
     """The `info` metadata of a saved head (training settings and losses)."""
     from safetensors import safe_open
@@ -292,8 +302,10 @@ def build_head(target_cfg: GPTConfig, tok_embeddings: Tensor, *, file: str | Non
     """The EAGLE head a model config names, checked against the target:
 
     - `random`: a seeded untrained head (random_head);
-    - `file` ending in .safetensors: a head this project trained (load_trained);
-    - otherwise LANTERN's release: `file` (pytorch_model.bin) and `config_file` (config.json).
+    - `file` ending in .safetensors with the head config in its metadata: a head this project
+      trained (load_trained);
+    - otherwise LANTERN's release: `file` (pytorch_model.bin, or model.safetensors as LANTERN's
+      from_pretrained falls back to) and `config_file` (config.json).
     A file with a directory part is a path; a bare name is read from `local_dir` or downloaded from
     the Hugging Face repo `repo_id` (harness.models.hub.resolve).
     """
@@ -316,12 +328,16 @@ def build_head(target_cfg: GPTConfig, tok_embeddings: Tensor, *, file: str | Non
         return resolve(repo_id or "(local)", name, local, cache_dir)
 
     path = find(file)
-    if path.suffix == ".safetensors":
+    if path.suffix == ".safetensors" and has_head_metadata(path):
         head = load_trained(path)
     else:
         if not config_file:
-            raise WeightsError(f"{path} is a LANTERN head file: set model.eagle_head_config (its "
-                               "config.json)")
+            what = f"{path} is a LANTERN head file"
+            if path.suffix == ".safetensors":
+                what = (f"{path} has no '{HEAD_META}' metadata (not a head written by python -m "
+                        "baselines.training.train_eagle), so it is read as LANTERN's release "
+                        "(model.safetensors or pytorch_model.bin)")
+            raise WeightsError(f"{what}: set model.eagle_head_config (its config.json)")
         head = load_lantern(find(config_file), path, trust_pickle)
     check_compatible(head.cfg, target_cfg, str(path))
     log.info("loaded the EAGLE head %s", path)

@@ -1,6 +1,8 @@
 """From logits to tokens. p is always computed the same way, for every decoder and drafter:
-(CFG-mixed) logits -> temperature -> top-k -> top-p -> softmax. Randomness comes only from the
-per-image streams (harness/runtime/randomness.py), so an image never depends on its batch."""
+(CFG-mixed) logits -> temperature -> top-k -> top-p -> softmax (`sampling.filter_order:
+top_k_first`, LlamaGen's order; `top_p_first` swaps the two filters, LANTERN's order). Randomness
+comes only from the per-image streams (harness/runtime/randomness.py), so an image never depends on
+its batch."""
 from __future__ import annotations
 
 import torch
@@ -11,23 +13,36 @@ from harness.runtime.randomness import ImageStreams
 
 
 def filter_logits(logits: Tensor, params: SamplingParams) -> Tensor:
-    """logits [..., V] -> temperature-scaled logits with top-k / top-p exclusions set to -inf."""
+    """logits [..., V] -> temperature-scaled logits with top-k / top-p exclusions set to -inf, the
+    two filters in `params.filter_order`."""
     x = logits if logits.dtype == torch.float32 else logits.float()
     if params.greedy:
         return x
     if params.temperature != 1.0:
         x = x / params.temperature
-    if params.top_k is not None and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
-        drop_sorted = (cum - sorted_x.softmax(-1)) >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
-    return x
+    if params.filter_order == "top_p_first":
+        return _top_k(_top_p(x, params.top_p), params.top_k)
+    return _top_p(_top_k(x, params.top_k), params.top_p)
+
+
+def _top_k(x: Tensor, k: int | None) -> Tensor:
+    """Logits outside the k largest set to -inf (ties with the k-th kept); None: unchanged."""
+    if k is None or k >= x.shape[-1]:
+        return x
+    kth = torch.topk(x, k, dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
+def _top_p(x: Tensor, top_p: float) -> Tensor:
+    """Nucleus filter: a token is dropped when the mass strictly before it (descending order)
+    already reaches top_p, so at least one token is kept; 1.0: unchanged."""
+    if top_p >= 1.0:
+        return x
+    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    mass = sorted_x.softmax(-1)
+    drop_sorted = (mass.cumsum(-1) - mass) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return x.masked_fill(drop, float("-inf"))
 
 
 def probs(logits: Tensor, params: SamplingParams) -> Tensor:

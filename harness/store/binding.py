@@ -49,6 +49,7 @@ _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "loc
 # Model keys that configure decoders, not the model: a decoder's operating point on this world reaches
 # the binding through the decoder's own keys, so the model's binding leaves it out.
 _DECODER_KEYS = frozenset({"operating_points"})
+SAMPLING_TARGET = "harness.api.SamplingParams"  # what the run's `sampling` node instantiates
 ABSENT = object()  # dotted()'s answer for a key a tree does not have
 _trusted: frozenset[str] = PROJECT_PACKAGES
 
@@ -108,8 +109,14 @@ def _targets(tree: Any) -> Iterable[str]:
 
 def compared(tree: Any) -> Any:
     """The view of a binding that bindings are compared in: targets under the current layout,
-    options at their defaults left out."""
-    return without_defaults(canonical(tree))
+    options at their defaults left out (also the run's sampling keys, stored without their target:
+    a set bound before `sampling.filter_order` existed matches the default order)."""
+    view = without_defaults(canonical(tree))
+    sampling = view.get("sampling") if isinstance(view, dict) else None
+    if isinstance(sampling, dict):
+        view["sampling"] = without_defaults({TARGET: SAMPLING_TARGET, **sampling})
+        view["sampling"].pop(TARGET)
+    return view
 
 
 def without_defaults(tree: Any) -> Any:

@@ -1,14 +1,20 @@
 """Tar's first stage: a Qwen2.5 LLM (`csuhan/Tar-1.5B`, `csuhan/Tar-7B-v0.1`, through transformers,
 imported lazily) emits TA-Tok codes for a prompt; `TarConditioner` turns them into AR-DTok
-condition features. MuLo-SD does not touch this stage: it runs once per prompt and the target and
-the drafter share its output (the harness times it as `condition_s`).
+condition features. MuLo-SD does not touch this stage: the target and the drafter share its output
+for an image (the harness times it as `condition_s`).
 
-Prompting follows Tar's `t2i_inference.py`: the chat template (system "You are a helpful
-assistant.", the prompt as the user turn, generation prompt) followed by `<im_start><S{scale}>`;
-sampled with temperature 1, top-p 0.95, top-k 1200; codes are the `<I{n}>` tokens of the output,
-truncated or zero-padded to `seq_len` (729 / 169 / 81 for scale 0 / 1 / 2). Each prompt is sampled
-with its own seed (derived from `seed` and the prompt text) so that every decoder sees the same
-codes for the same prompt.
+Prompting follows Tar's `t2i_inference.py` and evaluation scripts (`eval/eval_geneval.py`,
+`eval/eval_dpg_bench.py`): the chat template (system "You are a helpful assistant.", the prompt as
+the user turn, generation prompt) followed by `<im_start><S{scale}>`; codes are the `<I{n}>` tokens
+of the output, truncated or zero-padded to `seq_len` (729 / 169 / 81 for scale 0 / 1 / 2).
+
+Draws (`draws`): `per_image`, as Tar's evaluation scripts (the prompt repeated once per image, one
+batched `generate` with only do_sample=True, temperature=1.0): every image gets its own LLM sample,
+seeded from the image's seed (so from the run seed, the prompt id and the image index);
+`shared_per_prompt`: one sample per prompt (seeded from `seed` and the prompt text) shared by its
+images, a tighter paired comparison; with `t2i_inference.py`'s top-p 0.95 / top-k 1200 it is the
+stage as that script runs it. A null top_p / top_k is not passed to `generate`, which then applies
+the checkpoint's generation config (transformers' own defaults where it sets none), as the scripts do.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from typing import Protocol, Sequence
 import torch
 from torch import Tensor
 
+from harness.api import ConfigValueError
 from harness.models.condition import TextCondition
 from harness.models.hub import WeightsError, dtype_of, snapshot
 from harness.models.tar.tatok import TATokCodeEmbedding
@@ -29,18 +36,46 @@ log = logging.getLogger(__name__)
 _CODE = re.compile(r"<I(\d+)>")
 
 
+DRAWS = ("per_image", "shared_per_prompt")
+
+
 class CodeGenerator(Protocol):
-    """prompts -> TA-Tok codes [B, seq_len] int64."""
+    """prompts (one per image), the images' seeds or None -> TA-Tok codes [B, seq_len] int64."""
 
     seq_len: int
 
-    def __call__(self, prompts: Sequence[str]) -> Tensor: ...
+    def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> Tensor: ...
 
 
 def prompt_seed(seed: int, prompt: str) -> int:
     """A stable 63-bit seed for one prompt."""
     digest = hashlib.blake2b(f"{seed}\x00{prompt}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def image_draw_seed(seed: int, image_seed: int) -> int:
+    """A stable 63-bit seed for one image's LLM sample, apart from the image's own decoding stream."""
+    digest = hashlib.blake2b(f"{seed}\x00llm\x00{image_seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def checked_draws(draws: str) -> str:
+    """`draws` if it is one of DRAWS, else ConfigValueError naming model.llm.draws."""
+    if draws not in DRAWS:
+        raise ConfigValueError(f"model.llm.draws must be one of {list(DRAWS)}, got {draws!r}; per_image is "
+                               "Tar's evaluation scripts, shared_per_prompt one sample per prompt")
+    return draws
+
+
+def draw_seeds(draws: str, seed: int, prompts: Sequence[str], seeds: Sequence[int] | None) -> list[int]:
+    """The seed of each row's LLM sample: from the image's seed (`per_image`), or from the prompt
+    (`shared_per_prompt`, and wherever the caller has no image seeds: tools that condition prompts,
+    not images)."""
+    if draws == "per_image" and seeds is not None:
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} image seeds")
+        return [image_draw_seed(seed, int(s)) for s in seeds]
+    return [prompt_seed(seed, p) for p in prompts]
 
 
 def parse_codes(text: str, seq_len: int) -> list[int]:
@@ -59,9 +94,10 @@ class TarLLM:
 
     def __init__(self, repo_id: str = "csuhan/Tar-1.5B", local_path: str | None = None,
                  cache_dir: str | None = None, scale: int = 0, seq_len: int = 729, dtype: str = "bf16",
-                 device: str | None = None, temperature: float = 1.0, top_p: float = 0.95, top_k: int = 1200,
-                 seed: int = 0,
+                 device: str | None = None, temperature: float = 1.0, top_p: float | None = None,
+                 top_k: int | None = None, seed: int = 0, draws: str = "per_image",
                  system_prompt: str = "You are a helpful assistant.") -> None:
+        self.draws = checked_draws(draws)
         try:
             from transformers import AutoTokenizer, Qwen2ForCausalLM
         except ImportError as err:
@@ -75,7 +111,8 @@ class TarLLM:
         if device:
             self.model.to(device)
         self.scale, self.seq_len, self.seed, self.system_prompt = scale, seq_len, seed, system_prompt
-        self.sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
+        given = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        self.sampling = {"do_sample": True, **{k: v for k, v in given.items() if v is not None}}
 
     def to(self, device: torch.device | str) -> "TarLLM":
         self.model.to(device)
@@ -87,14 +124,15 @@ class TarLLM:
         return self.tokenizer(text + f"<im_start><S{self.scale}>", return_tensors="pt").input_ids
 
     @torch.inference_mode()
-    def __call__(self, prompts: Sequence[str]) -> Tensor:
-        """prompts -> codes [B, seq_len]; one seeded `generate` per prompt."""
+    def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> Tensor:
+        """prompts (one per image), the images' seeds -> codes [B, seq_len]; one seeded `generate`
+        per row (`draw_seeds`)."""
         device = next(self.model.parameters()).device
         rows = []
-        for prompt in prompts:
+        for prompt, draw in zip(prompts, draw_seeds(self.draws, self.seed, prompts, seeds)):
             ids = self._input(prompt).to(device)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(prompt_seed(self.seed, prompt))
+                torch.manual_seed(draw)
                 out = self.model.generate(ids, max_new_tokens=self.seq_len, **self.sampling)
             text = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
             rows.append(parse_codes(text, self.seq_len))
@@ -103,18 +141,24 @@ class TarLLM:
 
 class TinyCodeLM:
     """A seeded random stand-in for the Tar LLM (tests, tiny stacks): codes drawn from a generator
-    seeded by the prompt."""
+    seeded as TarLLM seeds its samples (`draws`, `draw_seeds`)."""
 
-    def __init__(self, codebook_size: int = 512, seq_len: int = 9, seed: int = 0) -> None:
+    def __init__(self, codebook_size: int = 512, seq_len: int = 9, seed: int = 0,
+                 draws: str = "per_image") -> None:
         self.codebook_size, self.seq_len, self.seed = codebook_size, seq_len, seed
+        self.draws = checked_draws(draws)
 
-    def __call__(self, prompts: Sequence[str]) -> Tensor:
-        gens = [torch.Generator().manual_seed(prompt_seed(self.seed, p)) for p in prompts]
+    def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> Tensor:
+        gens = [torch.Generator().manual_seed(s) for s in draw_seeds(self.draws, self.seed, prompts, seeds)]
         return torch.stack([torch.randint(0, self.codebook_size, (self.seq_len,), generator=g) for g in gens])
 
 
 class TarConditioner:
-    """prompts -> TextCondition with TA-Tok features [B, seq_len, hidden] (LLM stage + code embedding)."""
+    """prompts (one per image) and the images' seeds -> TextCondition with TA-Tok features
+    [B, seq_len, hidden] (LLM stage + code embedding). `takes_seeds`: ModelBundle.condition hands
+    it the image seeds, which a `per_image` LLM stage draws from."""
+
+    takes_seeds = True
 
     def __init__(self, llm: CodeGenerator, tatok: TATokCodeEmbedding) -> None:
         self.llm = llm
@@ -126,8 +170,8 @@ class TarConditioner:
             self.llm.to(device)
         return self
 
-    def __call__(self, prompts: Sequence[str]) -> TextCondition:
-        codes = self.llm(prompts)
+    def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> TextCondition:
+        codes = self.llm(prompts, seeds)
         feats = self.tatok(codes)
         null = torch.zeros(len(prompts), dtype=torch.bool, device=feats.device)
         return TextCondition(null=null, features=feats)
