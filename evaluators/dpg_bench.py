@@ -311,13 +311,14 @@ class DPGBenchEvaluator:
         """Every tile's adjusted scores feed the grid score and the categories; a bad graph raises."""
         texts = [q.text for q in questions]
         tile_scores, cats = [], []
-        try:
-            for tile in split_grid(grid, grid.shape[1] // 2):
-                _, adjusted = question_scores(questions, self.vqa.answer(tile, texts), False)
-                tile_scores.append(float(adjusted.mean()))
-                cats += [{"l1": q.l1, "l2": q.l2, "score": float(s)} for q, s in zip(questions, adjusted)]
-        except KeyError as exc:
-            raise ValueError(f"question graph of this item is inconsistent: {exc}") from exc
+        for tile in split_grid(grid, grid.shape[1] // 2):
+            answers = self.vqa.answer(tile, texts)  # the backend's own errors pass through as they are
+            try:
+                _, adjusted = question_scores(questions, answers, False)
+            except KeyError as exc:
+                raise ValueError(f"question graph of this item is inconsistent: {exc}") from exc
+            tile_scores.append(float(adjusted.mean()))
+            cats += [{"l1": q.l1, "l2": q.l2, "score": float(s)} for q, s in zip(questions, adjusted)]
         return _scored_row(float(np.mean(tile_scores)), tile_scores, len(texts)), cats
 
     def _score_official(self, grid: np.ndarray, questions: Sequence[Question]) -> tuple[dict, list[dict]]:

@@ -72,41 +72,54 @@ class MplugVQA:
 
 
 class HFVQA:
-    """A transformers visual-question-answering pipeline (named variant)."""
+    """A transformers visual-question-answering model (BLIP-style: a processor and a model whose
+    `generate` writes the answer; named variant). transformers 5 removed the VQA pipeline, so the
+    processor and the model are used directly."""
 
-    def __init__(self, model: str = HF_MODEL, device: str = "auto", batch_size: int = 16) -> None:
-        self.model_id, self.device, self.batch_size = model, device, batch_size
+    def __init__(self, model: str = HF_MODEL, device: str = "auto", batch_size: int = 16,
+                 max_new_tokens: int = 10) -> None:
+        self.model_id, self.device, self.batch_size, self.max_new_tokens = model, device, batch_size, max_new_tokens
         self.name = f"hf:{model}"
-        self._pipe = None
+        self._model = None
 
     def assets(self) -> list:
-        """The hub files the transformers pipeline reads (harness/assets); none for a local folder."""
+        """The hub files the processor and model read (harness/assets); none for a local folder."""
         from pathlib import Path
 
         from harness.assets.asset import HubFiles
 
-        return [] if Path(self.model_id).expanduser().is_dir() else [HubFiles("DPG-Bench VQA (transformers)",
-                                                                              self.model_id, HF_FILES,
-                                                                              required=HF_REQUIRED)]
+        if Path(self.model_id).expanduser().is_dir():
+            return []
+        return [HubFiles("DPG-Bench VQA (transformers)", self.model_id, HF_FILES, required=HF_REQUIRED)]
 
-    def _pipeline(self):
-        if self._pipe is None:
+    def _load(self):
+        if self._model is None:
             try:
-                from transformers import pipeline
+                from transformers import AutoModelForVisualQuestionAnswering, AutoProcessor
             except ImportError as exc:
                 raise ImportError("the hf VQA backend needs `pip install transformers`") from exc
             import torch
 
             device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
             try:
-                self._pipe = pipeline("visual-question-answering", model=self.model_id, device=device)
+                processor = AutoProcessor.from_pretrained(self.model_id)
+                model = AutoModelForVisualQuestionAnswering.from_pretrained(self.model_id).to(device).eval()
             except OSError as exc:
                 raise FileNotFoundError(
                     f"could not load {self.model_id} ({exc}); pre-download it with `hf download "
-                    f"{self.model_id}` and set HF_HUB_OFFLINE=1 on offline nodes") from exc
-        return self._pipe
+                    f"{self.model_id}` (or stages=[fetch]) and set HF_HUB_OFFLINE=1 on offline nodes") from exc
+            self._model = (processor, model, device)
+        return self._model
 
     def answer(self, image: np.ndarray, questions: Sequence[str]) -> list[str]:
-        pipe, pil = self._pipeline(), Image.fromarray(image)
-        out = pipe([{"image": pil, "question": q} for q in questions], batch_size=self.batch_size, top_k=1)
-        return [str((o[0] if isinstance(o, list) else o)["answer"]) for o in out]
+        import torch
+
+        processor, model, device = self._load()
+        pil, answers = Image.fromarray(image), []
+        for start in range(0, len(questions), self.batch_size):
+            chunk = list(questions[start:start + self.batch_size])
+            inputs = processor(images=[pil] * len(chunk), text=chunk, return_tensors="pt", padding=True).to(device)
+            with torch.no_grad():
+                out = model.generate(**inputs, max_new_tokens=self.max_new_tokens)
+            answers += [str(text).strip() for text in processor.batch_decode(out, skip_special_tokens=True)]
+        return answers
