@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 EVALUATE_SCRIPT = "evaluation/evaluate_images.py"
 SUMMARY_SCRIPT = "evaluation/summary_scores.py"
 DETECTOR = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"  # evaluate_images.py's default `model` option
+# where evaluation/download_models.sh @af4902f fetches the detector from (saved as <model_path>/<DETECTOR>.pth)
+DETECTOR_URL = ("https://download.openmmlab.com/mmdetection/v2.0/mask2former/" + DETECTOR + "/"
+                "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth")
 IMAGES = "images"
 RESULTS = "results.jsonl"
 SUMMARY_OUTPUT = "summary_scores.txt"
@@ -92,16 +95,32 @@ class GenEvalOfficial:
         options = f"({','.join(f'{k}={v}' for k, v in rest.items())})" if rest else ""
         return f"geneval-official@{commit}/{detector}{options}"
 
+    def check(self) -> None:
+        """Before generation (harness/run.py): the detector is in `model_path`. Not checked on
+        construction, so that `stages=[fetch]` can build this evaluator to fetch it."""
+        env = self._env or self._open()
+        detector = Path(str(self.paths["model_path"])).expanduser() / f"{self.options.get('model', DETECTOR)}.pth"
+        if not detector.is_file():
+            raise OfficialEnvError(f"{self.key}.model_path={detector.parent} has no {detector.name}; fetch it with "
+                                   f"stages=[fetch] or `bash {env.script('evaluation/download_models.sh')} "
+                                   f"{detector.parent}` ({RECIPE})")
+
+    def assets(self) -> list:
+        """What `stages=[fetch]` brings for the official script (harness/assets): its detector, into
+        `model_path` under the name download_models.sh gives it (the default detector only)."""
+        from harness.assets.asset import UrlFile
+        from harness.datasets.downloads import Pinned
+
+        if self.paths["model_path"] is None or "model" in self.options:
+            return []
+        pinned = Pinned(name=f"{DETECTOR}.pth", url=DETECTOR_URL, what="GenEval's detector (mmdet 2.x)")
+        return [UrlFile("evaluator geneval_official", pinned, str(Path(str(self.paths["model_path"])).expanduser()))]
+
     def _open(self) -> OfficialEnv:
         """The checked environment; OfficialEnvError naming the option that is wrong and the fix."""
         unset_keys(self.key, self.paths)
         env = open_env(self.key, str(self.paths["env_python"]), str(self.paths["repo"]),
                        (EVALUATE_SCRIPT, SUMMARY_SCRIPT), self.commit, RECIPE)
-        detector = Path(str(self.paths["model_path"])).expanduser() / f"{self.options.get('model', DETECTOR)}.pth"
-        if not detector.is_file():
-            raise OfficialEnvError(f"{self.key}.model_path={detector.parent} has no {detector.name}; download it "
-                                   f"with `bash {env.script('evaluation/download_models.sh')} {detector.parent}` "
-                                   f"({RECIPE})")
         if self.model_config is not None and not Path(self.model_config).expanduser().is_file():
             raise OfficialEnvError(f"{self.key}.model_config={self.model_config} does not exist; give an mmdet 2.x "
                                    "config file, or null for the script's default")
@@ -113,6 +132,7 @@ class GenEvalOfficial:
         Returns: the rows of evaluators/geneval.py (`geneval` per tag and "all", `geneval_images`,
         `geneval_prompts`) and per_sample with PER_SAMPLE_COLUMNS, one row per image.
         """
+        self.check()
         if self._env is None:
             self._env = self._open()
         records = samples.records()

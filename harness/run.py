@@ -112,6 +112,14 @@ def _evaluators(cfg: DictConfig, names: list[str]) -> list[Evaluator]:
     return list(built.values())
 
 
+def _check_evaluators(evaluators: list[Evaluator]) -> None:
+    """Each evaluator's own check of what it needs on this machine (its `check()`, where it has one),
+    before anything is generated."""
+    for evaluator in evaluators:
+        if hasattr(evaluator, "check"):
+            evaluator.check()
+
+
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     """Run the configured stages; return the long summary table of this job.
 
@@ -151,6 +159,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     _check_shard_stages(cfg)
     evaluators = _evaluators(cfg, jobs_plan.evaluators) if "evaluate" in cfg.stages else []  # fail now
     preflight.check_offline(cfg, evaluators)  # offline: every file the stages read is here
+    _check_evaluators(evaluators)
     samples_root = Path(cfg.samples_dir) if cfg.samples_dir else out_dir / "samples"
     if "generate" in cfg.stages:
         _writable(samples_root, "samples directory (samples_dir)")

@@ -289,8 +289,9 @@ def test_wrong_env_python_and_repo_are_named(tmp_path: Path) -> None:
     with pytest.raises(OfficialEnvError, match=r"evaluator.geneval_official.repo=\S+ has no "
                                                "evaluation/evaluate_images.py"):
         geneval_official(tmp_path, repo=str(tmp_path / "detector"))
-    with pytest.raises(OfficialEnvError, match=f"model_path=\\S+ has no {DETECTOR}.pth; download it"):
-        geneval_official(tmp_path, model_path=str(tmp_path))
+    missing_detector = geneval_official(tmp_path, model_path=str(tmp_path))  # stages=[fetch] can build it
+    with pytest.raises(OfficialEnvError, match=f"model_path=\\S+ has no {DETECTOR}.pth; fetch it"):
+        missing_detector.check()
     with pytest.raises(OfficialEnvError, match="evaluator.geneval_official.repo, evaluator.geneval_official"
                                                ".model_path must be set"):
         GenEvalOfficial(env_python=sys.executable)
