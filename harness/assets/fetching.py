@@ -20,6 +20,8 @@ from harness.api import InputError
 from harness.assets.asset import Asset, Entry, HubFiles
 
 log = logging.getLogger(__name__)
+for _client in ("httpx", "httpx2"):  # the hub client's HTTP library logs every request at INFO
+    logging.getLogger(_client).setLevel(logging.WARNING)
 
 WEIGHT_KEYS = ("target_file", "drafter_file", "small_drafter_file", "vq_file", "tatok_file", "eagle_head_file",
                "eagle_head_config")
