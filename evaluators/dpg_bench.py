@@ -22,10 +22,16 @@ Two modes:
   "yes" (l.135); tile and grid means are Python sums in CSV / tile order (l.155, l.157); category
   scores use the last tile's scores before zeroing (l.138, l.161, l.208-211), L2 = tuple text before
   "(" and L1 = that L2 before "-" (l.209, l.232).
+
+report_both scores the other mode too, from the same VQA answers (each tile and question is asked
+once, `SharedAnswers`): the evaluator's own mode writes the rows above, the other mode the same rows
+under metric names prefixed `dpg_bench_corrected` or `dpg_bench_official` (`dpg_bench_corrected`,
+`dpg_bench_corrected_l1`, ...). The per-prompt frame is the evaluator's own mode's.
 """
 from __future__ import annotations
 
 import csv
+import hashlib
 import logging
 import math
 from collections import OrderedDict
@@ -48,6 +54,8 @@ log = logging.getLogger(__name__)
 
 VERSION = "2"  # 2: official_compat reproduces compute_dpg_bench.py exactly (chain zeroing, CSV quirks)
 IMAGES_PER_PROMPT = 4
+# report_both: the other mode's metric prefix, by the evaluator's own official_compat
+OTHER_MODE_PREFIX = {True: "dpg_bench_corrected", False: "dpg_bench_official"}
 PER_SAMPLE_COLUMNS = ("prompt_id", "item_id", "score", "tile_scores", "questions", "failed")
 CSV_COLUMNS = ("item_id", "proposition_id", "dependency", "tuple", "question_natural_language")
 
@@ -243,6 +251,25 @@ def split_grid(grid: np.ndarray, tile: int) -> list[np.ndarray]:
     return [grid[y:y + r, x:x + r] for (x, y) in ((0, 0), (r, 0), (0, r), (r, r))]
 
 
+class SharedAnswers:
+    """A VQABackend that asks its backend each (tile, question) once and answers repeats from memory,
+    so that report_both's two modes score the same answers for the price of one."""
+
+    def __init__(self, backend: VQABackend) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self._answers: dict[tuple[str, str], str] = {}
+
+    def answer(self, image: np.ndarray, questions: Sequence[str]) -> list[str]:
+        """The backend's answers; only questions not yet asked of this exact tile reach it."""
+        tile = hashlib.blake2b(np.ascontiguousarray(image).tobytes() + str(image.shape).encode(),
+                               digest_size=16).hexdigest()
+        new = list(dict.fromkeys(q for q in questions if (tile, q) not in self._answers))
+        if new:
+            self._answers.update(((tile, q), a) for q, a in zip(new, self.backend.answer(image, new)))
+        return [self._answers[(tile, q)] for q in questions]
+
+
 class DPGBenchEvaluator:
     """DPG-Bench score of a SampleSet generated from dataset=dpg_bench with 4 images per prompt.
 
@@ -255,13 +282,16 @@ class DPGBenchEvaluator:
         show_progress: progress (a bar on a terminal, a log line a minute otherwise; harness/progress.py).
         verify_questions: check the local dpg_bench.csv against its pinned hash (off: custom graphs,
             recorded in `version`).
+        report_both: also score the other mode, from the same answers, under metric names prefixed
+            OTHER_MODE_PREFIX (see module doc).
     """
 
     def __init__(self, vqa: VQABackend, name: str = "dpg_bench", questions: str | None = None,
                  official_compat: bool = False, write_grids: bool = False, show_progress: bool = True,
-                 verify_questions: bool = True) -> None:
+                 verify_questions: bool = True, report_both: bool = False) -> None:
         self.vqa, self.name, self.questions, self.verify_questions = vqa, name, questions, verify_questions
         self.official_compat, self.write_grids, self.show_progress = official_compat, write_grids, show_progress
+        self.report_both = report_both
 
     def assets(self) -> list:
         """What scoring downloads (harness/assets): the question graph (unless given) and the VQA model."""
@@ -272,13 +302,18 @@ class DPGBenchEvaluator:
 
     @property
     def version(self) -> str:
-        """e.g. "dpg_bench-1(corrected)/mplug:mplug_visual-question-answering_coco_large_en"."""
-        mode = "official_compat" if self.official_compat else "corrected"
+        """e.g. "dpg_bench-2(official_compat)/mplug:mplug_visual-question-answering_coco_large_en";
+        report_both: "dpg_bench-2(official_compat+corrected)/..." (the evaluator's own mode first)."""
+        modes = ("official_compat", "corrected") if self.official_compat else ("corrected", "official_compat")
+        mode = "+".join(modes) if self.report_both else modes[0]
         custom = "" if self.verify_questions else ",custom-questions"
         return f"dpg_bench-{VERSION}({mode}{custom})/{self.vqa.name}"
 
     def evaluate(self, samples: SampleSet) -> EvalResult:
-        """Summary rows dpg_bench / all, dpg_bench_l1 / <cat>, dpg_bench_l2 / <cat>; per-prompt frame."""
+        """Summary rows dpg_bench / all, dpg_bench_l1 / <cat>, dpg_bench_l2 / <cat>; per-prompt frame.
+        report_both: the other mode's rows follow (`evaluate_both`)."""
+        if self.report_both:
+            return self.evaluate_both(samples)
         graph = load_questions(resolve(DPG_QUESTIONS, self.questions, check=self.verify_questions),
                                self.official_compat)
         groups = self._groups(samples, graph)
@@ -300,6 +335,21 @@ class DPGBenchEvaluator:
         per_sample = pd.DataFrame(rows, columns=list(PER_SAMPLE_COLUMNS))
         return EvalResult(summary=self.summary(per_sample, pd.DataFrame(cat_rows, columns=["l1", "l2", "score"])),
                           per_sample=per_sample)
+
+    def evaluate_both(self, samples: SampleSet) -> EvalResult:
+        """This mode's result, then the other mode's summary rows renamed with OTHER_MODE_PREFIX; the
+        VQA backend answers each tile and question once for both."""
+        answers = SharedAnswers(self.vqa)
+        own = DPGBenchEvaluator(answers, self.name, self.questions, self.official_compat, self.write_grids,
+                                self.show_progress, self.verify_questions)
+        other = DPGBenchEvaluator(answers, self.name, self.questions, not self.official_compat, False,
+                                  self.show_progress, self.verify_questions)
+        first, second = own.evaluate(samples), other.evaluate(samples)
+        metric = second.summary["metric"].str.replace(r"^dpg_bench", OTHER_MODE_PREFIX[self.official_compat],
+                                                      regex=True)
+        renamed = second.summary.assign(metric=metric)
+        return EvalResult(summary=pd.concat([first.summary, renamed], ignore_index=True),
+                          per_sample=first.per_sample)
 
     def score_grid(self, grid: np.ndarray, questions: Sequence[Question]) -> tuple[dict, list[dict]]:
         """One grid -> (per-prompt row, per-question category rows), in the evaluator's mode."""

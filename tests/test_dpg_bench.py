@@ -373,3 +373,48 @@ def test_corrected_mode_differs_where_it_should(tmp_path: Path) -> None:
     # L1 "attribute": official fluffy 1, black 1 -> 1; corrected all zeroed -> 0
     assert official[("dpg_bench_l1", "attribute")] == 100.0
     assert corrected[("dpg_bench_l1", "attribute")] == 0.0
+
+
+def test_report_both_writes_each_mode_from_one_set_of_answers(tmp_path: Path) -> None:
+    """report_both: the evaluator's own mode under dpg_bench*, the other under its prefix, each equal
+    to a run of that mode alone, while the VQA backend answers every (tile, question) once."""
+    rows = [SKIP,
+            ("a", 1, "0", "entity - whole (cat)", "A cat?"),
+            ("a", 3, "2", "attribute - texture (cat, fluffy)", "A fluffy?"),
+            ("a", 2, "1", "attribute - color (cat, black)", "A black?"),
+            ("b", 1, "0", "entity - whole (dog)", "B dog?"),
+            ("b", 2, "1", "entity - state (dog, run)", "B run?")]
+    answers = {"A cat?": "no", "A fluffy?": "yes", "A black?": "yes",
+               "B dog?": ["yes", "yes", "yes", " Yes"], "B run?": "yes"}
+    alone = {compat: run_mode(tmp_path / str(compat), rows, answers, ["a", "b"], official=compat)
+             for compat in (True, False)}
+    for compat, prefix, modes in ((True, "dpg_bench_corrected", "(official_compat+corrected"),
+                                  (False, "dpg_bench_official", "(corrected+official_compat")):
+        vqa = fake_vqa(answers)
+        questions = str(write_csv(tmp_path / "q.csv", rows))
+        ev = DPGBenchEvaluator(vqa, questions=questions, official_compat=compat, show_progress=False,
+                               verify_questions=False, report_both=True)
+        res = ev.evaluate(sample_set(tmp_path / f"both-{compat}", ["a", "b"]))
+        both = res.summary.set_index(["metric", "subset"])["value"]
+        own, own_per, own_vqa = alone[compat]
+        other = alone[not compat][0].rename(lambda m: m.replace("dpg_bench", prefix, 1), level="metric")
+        assert both[own.index].tolist() == own.tolist()
+        assert both[other.index].tolist() == other.tolist()
+        assert len(both) == len(own) + len(other)
+        assert both[(prefix, "all")] != both[("dpg_bench", "all")]  # the modes do differ on this graph
+        assert res.per_sample.set_index("item_id")["score"].tolist() == own_per["score"].tolist()
+        assert vqa.calls == own_vqa.calls == 8  # 2 items x 4 tiles: the second mode asked nothing new
+        assert modes in ev.version
+
+
+def test_dpg_bench_protocol_scores_with_the_official_rules() -> None:
+    """protocol=dpg_bench composes with official_compat true (the paper's script) and report_both off;
+    the override adds the corrected rows."""
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["+experiment=paper_main", "protocol=dpg_bench"])
+    assert cfg.evaluator.dpg_bench.official_compat is True and cfg.evaluator.dpg_bench.report_both is False
+    cfg = compose_cfg(["+experiment=paper_main", "protocol=dpg_bench",
+                       "evaluator.dpg_bench.report_both=true"])
+    assert cfg.evaluator.dpg_bench.official_compat is True and cfg.evaluator.dpg_bench.report_both is True
+    assert compose_cfg(["evaluator=[dpg_bench]"]).evaluator.dpg_bench.official_compat is False

