@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import harness.models.transformer as transformer
 from harness.models.condition import TextCondition
 from harness.models.eagle_head import save_head
 from harness.models.gpt import GPT, rope_2d_table
@@ -280,3 +281,81 @@ def test_device_auto_says_when_a_gpu_is_there_but_unusable(tmp_path: Path, monke
     with caplog.at_level(logging.WARNING, logger="harness.run"):
         assert run_module._device("auto").type == "cpu"
     assert "570.86.15" in caplog.text and "device=cpu" in caplog.text and "cannot use the GPU" in caplog.text
+
+
+# ----------------------------------------------------------------------------- bf16 numerics
+TABLE_TOL = 1e-6  # cos/sin error allowed in the table a bf16 model rotates with (a bf16 table: ~2e-3)
+
+
+def _llamagen_table(grid: int, head_dim: int, prefix_len: int, base: float = 10000.0) -> torch.Tensor:
+    """LlamaGen's `precompute_freqs_cis_2d` in float32, from its definition: [P + grid^2, hd/2, 2]
+    (cos, sin), rows in the first half of the pairs and columns in the second, zero caption rows."""
+    half = head_dim // 2
+    freqs = 1.0 / base ** (torch.arange(0, half, 2)[: half // 2].float() / half)
+    angles = torch.outer(torch.arange(grid).float(), freqs)  # [grid, half / 2]
+    both = torch.cat([angles[:, None].expand(-1, grid, -1), angles[None].expand(grid, -1, -1)], -1)
+    image = torch.stack([both.cos(), both.sin()], -1).flatten(0, 1)  # [grid^2, half, 2]
+    return torch.cat([torch.zeros(prefix_len, half, 2), image])
+
+
+def _llamagen_rotation(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """LlamaGen's `apply_rotary_emb` for per-row tables [B, T, hd/2, 2]: x [B, T, H, hd] in
+    float32, each pair rotated by the table's (cos, sin) as they are, cast back to x's dtype."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], -1).flatten(3).to(x.dtype)
+
+
+def _logits_and_head(model, head, cond, tokens: torch.Tensor,
+                     positional) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached logits [B, N, V] of every image position (prefill, then two chunks) and the EAGLE
+    head's drafted features for positions N/2 + 1 .. N - 1, with the position code `positional`."""
+    n = tokens.shape[1]
+    model.setup_cache(tokens.shape[0])
+    steps = [model.prefill(cond)[:, None]]
+    for lo, hi in ((0, n // 2), (n // 2, n - 1)):
+        steps.append(model.forward(tokens[:, lo:hi], torch.arange(lo, hi)))
+    hidden = model.gpt.last_hidden  # positions n/2 .. n-2
+    lo, prefix = n // 2, model.gpt.cfg.prefix_len
+    slots = (prefix + torch.arange(lo + 1, n)).expand(tokens.shape[0], -1)
+    drafted = head(hidden, tokens[:, lo + 1:], slots, positional)
+    return torch.cat(steps, 1), drafted.float()
+
+
+@torch.inference_mode()
+def test_bf16_llamagen_rotates_in_float32_with_a_float32_table(tmp_path: Path, monkeypatch) -> None:
+    """The tiny official layout, saved and reloaded in bf16: the GPT keeps its rotary table in
+    float32 (LlamaGen keeps `freqs_cis` float32), and its logits and its EAGLE head's features are
+    those of the same bf16 weights rotated as LlamaGen's `apply_rotary_emb` does, from a float32
+    table computed here. The same reference with the table cast to bf16 (what `.to(bfloat16)` made
+    of a plain buffer) is off by more than both tolerances."""
+    cfg, random = _tiny()
+    _save_official(random, cfg, tmp_path)
+    _, loaded = _tiny(["model.random_init=false", f"model.local_dir={tmp_path}", "model.dtype=bf16"])
+    model, head = loaded.target, loaded.eagle_head
+    gpt = model.gpt
+    assert gpt.output.weight.dtype == head.fc.weight.dtype == torch.bfloat16
+    official = {k for k in recorded("llamagen_gpt_xl_t2i.txt")
+                if not k.startswith("layers.") or int(k.split(".")[1]) < gpt.cfg.n_layer}
+    assert set(gpt.state_dict()) == official  # the official keys of this depth: no table among them
+    table = _llamagen_table(gpt.cfg.grid[0], gpt.cfg.head_dim, gpt.cfg.prefix_len)
+    assert gpt.rope_table.dtype == torch.float32
+    assert (gpt.rope_table - table).abs().max() <= TABLE_TOL
+    assert (table.bfloat16().float() - table).abs().max() > TABLE_TOL, "a bf16 table fails this test"
+
+    cond = loaded.condition(["a red cube", "two green spheres on a table"])
+    tokens = torch.randint(0, gpt.cfg.vocab_size, (2, gpt.cfg.n_tokens),
+                           generator=torch.Generator().manual_seed(1))
+    logits, drafted = _logits_and_head(model, head, cond, tokens, gpt.positional)
+    monkeypatch.setattr(transformer, "apply_rope", _llamagen_rotation)
+
+    def reference(code: torch.Tensor):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(gpt, "_positional", lambda h, slots: (h, code[slots]))
+        return _logits_and_head(model, head, cond, tokens, gpt.positional)
+
+    want, want_drafted = reference(table)
+    torch.testing.assert_close(logits, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(drafted, want_drafted, rtol=0, atol=1e-6)
+    bf16_logits, bf16_drafted = reference(table.bfloat16())
+    assert (bf16_logits - want).abs().max() > 1e-6 and (bf16_drafted - want_drafted).abs().max() > 1e-6

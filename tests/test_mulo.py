@@ -23,6 +23,7 @@ from harness.datasets.prompts import shapes
 from harness.models.random.bundle import build
 from harness.run import _build, guided, run
 from harness.store.samples import plan
+from harness.runtime import hostsync
 from harness.runtime.sampling import probs
 from tests.conftest import CONF, compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
@@ -595,3 +596,70 @@ def test_mulo_experiments_compose_and_run_tiny(name: str, tmp_path: Path) -> Non
     decoders = set(summary.decoder)
     assert decoders == set(cfg.decoder), decoders
     assert (summary.metric == "target_forwards").any()
+
+
+# ----------------------------------------------------------------------------- no masked-out work
+class _Calls:
+    """Counts the calls of the target's and the drafter's prefill and forward and of their
+    tokenizer's decode and encode (wrappers on the unguided models of a bundle)."""
+
+    def __init__(self, bundle: ModelBundle, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        for role in ("target", "drafter"):
+            model = getattr(bundle, role)
+            for method in ("prefill", "forward", "decode", "encode"):
+                monkeypatch.setattr(model, method, self._spy(f"{role}.{method}", getattr(model, method)))
+
+    def _spy(self, key: str, method):  # type: ignore[no-untyped-def]
+        def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.calls[key] = self.calls.get(key, 0) + 1
+            return method(*args, **kwargs)
+        return spy
+
+    def take(self) -> dict[str, int]:
+        calls, self.calls = self.calls, {}
+        return calls
+
+
+@pytest.mark.parametrize("rows", [None, 1])
+@pytest.mark.parametrize("path", ["cpu", "accelerator"])
+def test_mulo_runs_exactly_the_counted_forwards_and_tokenizer_calls(rows: int | None, path: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paper's MuLo-SD (pixel up-sampler), one image per call, on both host paths (the
+    accelerator path: hostsync.reads_are_free answers False, so the loop's check is read one step
+    late and optional work is asked of `anything`): the target and drafter forwards made are the
+    ones its statistics count, and the tokenizer is called once per up-sampling (drafter decode,
+    target encode) and once per down-sampling (target decode, drafter encode) of a proposal after
+    the first. Before this was so, the accelerator path of this test made, per image, with rows
+    null: 1 more target forward (a second full-width verification after the loop's last step),
+    1 more drafter forward (the first proposal's masked re-feed) and 1 more target decode and
+    drafter encode (its masked down-sampling of the whole canvas); with rows 1: 1 more target
+    forward, 7 more drafter forwards, 1 more up-sampling and 2 more down-samplings (the first
+    proposal's masked re-feed and down-sampling, and a whole proposal and verification after the
+    last row had finished)."""
+    if path == "accelerator":
+        monkeypatch.setattr(hostsync, "reads_are_free", lambda device: False)
+    bundle = build(grid=8, vocab=32, dim=32)
+    overrides = ["decoder=[mulo_sd]", "model=random", "sampling.temperature=1.0", "sampling.top_k=20",
+                 "sampling.cfg_scale=2.0", "decoder.mulo_sd.accept.tau=0.1", "decoder.mulo_sd.accept.k=4",
+                 f"decoder.mulo_sd.draft.rows={'null' if rows is None else rows}"]
+    decoder = _build(compose_cfg(overrides).decoder.mulo_sd)
+    assert decoder.draft.upsampler.name == "pixel"
+    models = guided(bundle, decoder.sampling)
+    counter = _Calls(bundle, monkeypatch)
+    resampled = 0
+    for seed, prompt in enumerate(PROMPTS):
+        cond = models.condition([prompt])
+        counter.take()
+        (s,) = decoder.generate(models, cond, [seed]).stats
+        verifications, resample = int(s.extra["verify_forwards"]), int(s.extra["resample_forwards"])
+        resampled += resample
+        assert verifications == (1 if rows is None else 4)  # one per drafted block: 8 / (2 * rows) rows
+        assert counter.take() == {
+            "target.prefill": 1, "target.forward": verifications + resample,  # = target_forwards - 1
+            "drafter.prefill": 1, "drafter.forward": s.drafter_forwards - 1,
+            "drafter.decode": verifications, "target.encode": verifications,  # up-sampling per proposal
+            **({"target.decode": verifications - 1, "drafter.encode": verifications - 1} if rows else {}),
+        }, (seed, s.as_row())
+        assert s.target_forwards == 1 + verifications + resample
+    assert resampled > 0, "the test needs resampling forwards"

@@ -17,7 +17,9 @@ A scope turns accept [B, L] into a `Resolution` (all offsets relative to each ro
                            has been verified already (0: a fresh block); the loop hands it to the
                            next `resolve`, so a scope keeps no state of its own.
 `refeed` is the most committed-but-not-encoded tokens the next verification must feed before its
-drafts (raster: 1, the last committed token). MuLo-SD's `local(l)` scope keeps accepted drafts after
+drafts (raster: 1, the last committed token); `least_advance(L)` the fewest positions a step
+advances a row that has that many left (raster: 1), from which the loop knows, without reading the
+device, when every row has finished. MuLo-SD's `local(l)` scope keeps accepted drafts after
 the first rejection t0, marks the l-neighbourhoods of rejections at or after t0 for resampling,
 advances over the whole block and sets kv_valid = t0 (later K/V are stale), with refeed = L; its
 `serial` / island-`parallel` schedules are `Resampler`s.
@@ -52,7 +54,8 @@ class RejectionScope(ABC):
     """A rejection scope: `resolve` (stateless: per-row state comes in and goes out through
     `verified`), and what the loop asks of it, with the raster scope's defaults: `refeed`,
     `needs_resampler` (whether it marks `resample` positions), `rounds` (verifications a drafted
-    block may get) and `bind(length)` (the scope for blocks of L drafts, once per generate call)."""
+    block may get), `bind(length)` (the scope for blocks of L drafts, once per generate call) and
+    `least_advance(length)`."""
 
     name: str
     refeed: int = 1
@@ -61,6 +64,11 @@ class RejectionScope(ABC):
 
     def bind(self, length: int) -> "RejectionScope":
         return self
+
+    def least_advance(self, length: int) -> int:
+        """The fewest positions one step advances a row with at least that many left, for blocks
+        of `length` drafts (the raster scope commits at least the token it samples: 1)."""
+        return 1
 
     @abstractmethod
     def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int],

@@ -18,7 +18,9 @@ One step, for every batch row b at its own frontier n_b (the loop never branches
    keeps the others as its next guesses); the token at `first` is committed;
 6. an optional resampler refills further positions (MuLo-SD), then the frontiers advance.
 Finished rows ride along on the scratch slot (baselines/framework/canvas.py) and draw random numbers that
-no longer matter, so every image sees the same draws whatever its batch.
+no longer matter, so every image sees the same draws whatever its batch. The loop ends when no row
+is active (read one step late off the CPU: harness/runtime/hostsync.py) or when the scope's least
+advance per step says that every row has finished, whichever comes first.
 """
 from __future__ import annotations
 
@@ -84,8 +86,14 @@ class SpeculativeDecoder:
         rec.add_drafter(run.prefill_forwards)
         verified: Tensor | None = None  # the scope's per-row round counts (Resolution.verified)
         running = Running(ctx.device)  # the loop's one host read per step (harness/runtime/hostsync.py)
-        while running(active := canvas.active):
+        # Positions left in any row, known without a host read: every step advances each row by
+        # at least scope.least_advance(L) or to its end. Off the CPU `running` answers one step
+        # late; this bound ends the loop when the steps taken must have finished every row
+        # (MuLo-SD's single whole-image verification), with no step after the last row's end.
+        left = n - 1
+        while left > 0 and running(active := canvas.active):
             verified = self._step(ctx, canvas, active, run, rec, scope, verified)
+            left -= scope.least_advance(draft.length)
         self._summarise(rec, rec.stacked())
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)

@@ -79,6 +79,11 @@ class LocalScope(RejectionScope):
         rejection is at offset 0, the next verification re-encodes the whole block)."""
         return LocalScope(self.radius, length, self.rounds)
 
+    def least_advance(self, length: int) -> int:
+        """One verification commits the whole block (rounds = 1: advance = min(remaining, L));
+        with rounds > 1 a row that verifies its block again advances at least to t0 + 1."""
+        return length if self.rounds == 1 else 1
+
     def resolve(self, accept: Tensor, remaining: Tensor, grid: tuple[int, int],
                 verified: Tensor | None = None) -> Resolution:
         """accept [B, L] bool, remaining [B], grid (rows, cols), verified [B] or None (the

@@ -7,6 +7,8 @@ One proposal, for every batch row b at its high-res frontier n_b:
    proposal take y = D_r(x) (the committed tokens' low-res view);
 2. one drafter forward re-encodes the last (rows + 1) * cols_lo final low-res tokens (this covers
    every final row whose K/V is missing or held a draft) and predicts the first drafted token;
+   the first proposal (frontier 1: no row is final) does neither step 1 nor this forward, on every
+   device (elsewhere they run under a mask when the device cannot be read for free);
 3. the drafter samples `rows + 1` low-res rows F_b .. F_b + rows (the extra row covers the last
    positions of a block that starts one past a row boundary, as the loop's first block does), by
    `serial` raster order or `zipar(window)`; every proposal redraws all non-final rows from the
@@ -140,6 +142,11 @@ class _LowResRun(DraftRun):
         self.layout = zipar_layout(self.span, geo.low[1], window, "reference", ctx.device)
         self.masked = window < geo.low[1]
         self.drafted = False
+        # The loop's first proposal comes at frontier 1 (the prefill sampled position 0), inside
+        # low-res row 0 when a row spans r * cols >= 2 high-res positions: no row is final, so
+        # there is nothing to down-sample or re-feed. Skipped here, not asked of the device
+        # (hostsync.anything answers True off the CPU, which would do both under a mask).
+        self.nothing_final = geo.r * geo.high[1] > 1
 
     def propose(self, canvas: Canvas) -> Draft:
         """Low-res rows -> up-sampled block [B, L] for positions frontier .. frontier + L - 1
@@ -151,8 +158,10 @@ class _LowResRun(DraftRun):
             return Draft(tokens=tokens, q=None, drafter_forwards=0)
         self.drafted = True
         final = (canvas.frontier // (geo.r * geo.high[1])).clamp(max=geo.low[0])  # F [B]
-        self._absorb(canvas, final)
-        forwards = self._draft(final)
+        first, self.nothing_final = self.nothing_final, False
+        if not first:
+            self._absorb(canvas, final)
+        forwards = self._draft(final, refeed=not first)
         high = self.source.upsampler.up(self.low[:, :geo.n_low].view(-1, *geo.low), ctx).flatten(1)
         tokens = high.gather(1, index.clamp(max=high.shape[1] - 1))
         return Draft(tokens=tokens, q=None, drafter_forwards=forwards)  # type: ignore[arg-type]
@@ -168,13 +177,14 @@ class _LowResRun(DraftRun):
             self.low[:, : geo.n_low] = torch.where(new, down, self.low[:, : geo.n_low])
         self.final = torch.maximum(self.final, final)
 
-    def _draft(self, final: Tensor) -> Tensor:
-        """Sample low-res rows F .. F + span - 1 into self.low; return drafter forwards [B]."""
+    def _draft(self, final: Tensor, refeed: bool = True) -> Tensor:
+        """Sample low-res rows F .. F + span - 1 into self.low; return drafter forwards [B].
+        refeed False: no row is final (F = 0 everywhere), so no re-encoding forward is made."""
         geo, ctx, cols = self.geo, self.ctx, self.geo.low[1]
         base = final * cols  # first drafted low-res position [B]
         logits = self.first_logits
         refed = final > 0
-        if anything(refed):  # read on the CPU; elsewhere always done (masked)
+        if refeed and anything(refed):  # read on the CPU; elsewhere always done (masked)
             width = min(self.span * cols, geo.n_low)
             index = base[:, None] - width + torch.arange(width, device=ctx.device)
             tokens = self.low.gather(1, index.clamp_min(0))

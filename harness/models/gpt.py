@@ -9,7 +9,9 @@ image raster position i lives in slot `prefix_len + i`. The output at slot s pre
 the next slot, so the last prefix slot predicts image position 0.
 
 Official-checkpoint options: `prefix_rope="zero"` gives the prefix slots LlamaGen's all-zero rotary
-table (their queries and keys vanish, as in `precompute_freqs_cis_2d`); `cond_embed="linear"` is Tar
+table (their queries and keys vanish, as in `precompute_freqs_cis_2d`); the table stays float32
+when the model is cast to bf16/fp16 and queries and keys are rotated in float32, as LlamaGen's
+`apply_rotary_emb` does; `cond_embed="linear"` is Tar
 AR-DTok's `clip_proj` (a biased linear map; unconditional rows are zero features); `pos_embed=
 "abs_pe"` is Tar AR-DTok's learned absolute table `abs_pe` [1, L, dim]; `prefill(cond, prefix_mask)`
 applies LlamaGen's caption padding mask (a padded prefix slot is seen only by itself) to every later
@@ -85,7 +87,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         table = rope_2d_table(cfg.grid, cfg.head_dim, cfg.rope_base, cfg.prefix_len, cfg.prefix_rope)
-        self.register_buffer("rope_table", table, persistent=False)
+        self.register_buffer("rope_table", table, persistent=False)  # float32 whatever the dtype (_apply)
         self.prefix_keep: Tensor | None = None  # [B, P] bool caption padding mask of the cached rows
         self.token_bias: Tensor | None = None  # [B, 1, dim] `_token_bias` of the cached rows
         self.scratch = 0  # cache slots after `slots` (draft-tree nodes; setup_cache)
@@ -105,6 +107,18 @@ class GPT(nn.Module):
         else:
             self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.prefix_len)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        """Module moves and casts (`.to`, `.cuda`, `.bfloat16`, ...) move the rotary table but
+        keep it float32, as LlamaGen keeps `freqs_cis` (a plain float32 attribute) and rotates in
+        float32 (`apply_rope`): a bf16 table is off by up to 2e-3 in cos and sin. The table is a
+        non-persistent buffer, so state dicts do not hold it either way."""
+        table = self.rope_table
+        out = super()._apply(fn, recurse)
+        moved = self.rope_table
+        if moved is not table and moved.dtype != table.dtype:
+            self.rope_table = table.to(device=moved.device)  # the float32 values, on the new device
+        return out
 
     @property
     def slots(self) -> int:

@@ -61,8 +61,11 @@ def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len:
 
 
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """x [B, T, H, hd], table [B, T, hd/2, 2] -> x rotated pairwise (x0, x1) by (cos, sin)."""
+    """x [B, T, H, hd], table [B, T, hd/2, 2] -> x rotated pairwise (x0, x1) by (cos, sin), in
+    float32 and cast back to x's dtype (LlamaGen's `apply_rotary_emb`; the GPT keeps its table
+    float32 whatever its dtype)."""
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    table = table.float()
     cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
     out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1)
     return out.flatten(3).type_as(x)
