@@ -40,7 +40,8 @@ class SpeedEvaluator:
             each image (warm-up batches excluded);
         throughput_img_s: images made by the distinct timed batches (their batch_size) / their
             summed latency, so images lost to a crash still count as work done (n = batches);
-        condition_s: median text-conditioning time of each image's batch;
+        condition_s: median text-conditioning time of each image's batch (what computing its
+            conditions cost, charged alike to every decoder: harness/store/conditions.py);
         image_decode_s: median tokens-to-pixels time of each image's batch;
         end_to_end_s: median of condition + decode + tokens to pixels per image's batch (the
             paper's end-to-end latency; each part the median of the batch's repetitions);

@@ -12,13 +12,22 @@
    order before issue 31, kept for comparison);
 3. untimed pass: the rest of the plan, decoder by decoder, in batches of `batch_size`, decoded once.
 
+Before the timed pass, with `warmup_batches` > 0, each decoder that has untimed images decodes its
+first untimed batch (written like any untimed batch), so that every batch size the job decodes at
+is measured; the budget (harness/budget.py) is then printed.
+
 A repetition runs condition -> decode -> tokens to pixels; the decode is the latency the speed
-evaluator reports. `Stopwatch` synchronises the device around each part and records wall time,
-the CPU time of the decoding thread (CPU devices: a thread that other processes keep off the CPU
-shows wall time without CPU time), on CUDA the time between two CUDA events, and, where the kernel
-reports it (Linux `/proc/self/task/*/schedstat`), the time the process's threads ran and the time
-they were runnable but waited for a CPU: waiting is what another process's load costs a decode,
-and it is about 0 on a quiet machine whatever the decode's own variation (docs/methodology.md).
+evaluator reports. Conditions come through the job's condition cache (harness/store/conditions.py):
+Tar's LLM and LlamaGen's text encoder run once per (prompt, image seed) or per prompt, whichever
+decoder, repetition or shard meets the image first, and `condition_s` is what computing the batch's
+conditions cost when they were computed, the same for every decoder.
+
+`Stopwatch` synchronises the device around each part and records wall time, the CPU time of the
+decoding thread (CPU devices: a thread that other processes keep off the CPU shows wall time without
+CPU time), on CUDA the time between two CUDA events, and, where the kernel reports it (Linux
+`/proc/self/task/*/schedstat`), the time the process's threads ran and the time they were runnable
+but waited for a CPU: waiting is what another process's load costs a decode, and it is about 0 on a
+quiet machine whatever the decode's own variation (docs/methodology.md).
 
 Stats rows (stats.csv, one per image; timing columns repeat over a batch's images):
     timed               true for timed images, false for the untimed pass
@@ -29,7 +38,10 @@ Stats rows (stats.csv, one per image; timing columns repeat over a batch's image
     run_reps_s, wait_reps_s   where the kernel reports them: the seconds the process's threads
                         ran, and waited runnable for a CPU, during each repetition's decode (summed
                         over threads)
-    condition_s, image_decode_s   medians over the repetitions
+    condition_s         the recorded cost of computing the batch's conditions (the condition
+                        cache's entries, each counted once per batch; harness/store/conditions.py)
+                        plus the time of the rest of the condition call, median over repetitions
+    image_decode_s      median over the repetitions
     peak_memory_bytes   CUDA: the allocator's peak during the batch's decodes; CPU: the process's
                         peak RSS so far
 Images are the first repetition's. An image depends only on (seed, prompt id, image index), never
@@ -37,6 +49,7 @@ on the order, the repetition or the batch it was decoded in.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -51,8 +64,9 @@ import torch
 
 from harness.runtime import engine
 from harness.api import ConfigValueError, Decoder, ModelBundle
-from harness.preflight import budget
+from harness.budget import Conditioning, Cost, Work, estimate
 from harness.progress import progress
+from harness.store.conditions import ConditionCache, Ledger, cacheable
 from harness.store.samples import SampleSet, SampleSpec
 
 log = logging.getLogger(__name__)
@@ -247,14 +261,59 @@ class _Batch:
     peak: int = 0
 
 
-def _decode(job: Job, batch: list[SampleSpec], watch: Stopwatch) -> tuple[Any, Any, tuple[Measure, Measure, Measure]]:
-    """Condition + decode + tokens->pixels for one batch: (pixels [B, H, W, 3] uint8, generation, measures)."""
+def _decode(job: Job, batch: list[SampleSpec], watch: Stopwatch,
+            conditions: ConditionCache) -> tuple[Any, Any, tuple[Measure, Measure, Measure]]:
+    """Condition + decode + tokens->pixels for one batch: (pixels [B, H, W, 3] uint8, generation,
+    measures). The condition's wall time is the charged one (`_charged`)."""
     texts, seeds = [s.prompt.text for s in batch], [s.seed for s in batch]
-    cond, m_cond = watch.time(lambda: job.models.condition(texts, seeds))
+    before = conditions.ledger.copy()
+    cond, m_cond = watch.time(lambda: conditions.condition(job.models, texts, seeds))
+    m_cond = dataclasses.replace(m_cond, wall_s=_charged(m_cond.wall_s, before, conditions.ledger))
     gen, m_dec = watch.time(lambda: job.decoder.generate(job.models, cond, seeds), scheduler=True)
     images, m_img = watch.time(lambda: job.models.target.decode(gen.tokens))
     pixels = images.permute(0, 2, 3, 1).cpu().numpy()
     return pixels, gen, (m_cond, m_dec, m_img)
+
+
+def _charged(wall_s: float, before: Ledger, after: Ledger) -> float:
+    """The conditioning time of one condition call as every decoder is charged it: the call's wall
+    time without the seconds its stage computed entries, plus the recorded cost of every entry it
+    served (computed now, by an earlier decoder or repetition, or by an earlier run)."""
+    return max(wall_s - (after.computed_s - before.computed_s), 0.0) + (after.charged_s - before.charged_s)
+
+
+def _measured(job: Job, batch: list[SampleSpec], watch: Stopwatch, conditions: ConditionCache
+              ) -> tuple[Any, Any, float, float]:
+    """Decode a batch and measure it for the budget: (pixels, generation, seconds, compile seconds).
+    seconds: decode + tokens to pixels (+ the condition call where the cache does not keep the
+    conditioner's output); a decode that compiled graphs (engine=compiled) is decoded again for
+    seconds, and the difference is its compile time."""
+    def once() -> tuple[Any, Any, float]:
+        pixels, gen, (m_cond, m_dec, m_img) = _decode(job, batch, watch, conditions)
+        uncached = 0.0 if cacheable(job.models.conditioner) else m_cond.wall_s
+        return pixels, gen, m_dec.wall_s + m_img.wall_s + uncached
+
+    shapes = engine.compiled_shapes()
+    pixels, gen, seconds = once()
+    if engine.compiled_shapes() == shapes:
+        return pixels, gen, seconds, 0.0
+    _, _, warm = once()
+    return pixels, gen, warm, max(seconds - warm, 0.0)
+
+
+def _to_condition(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
+                  untimed: dict[str, list[list[SampleSpec]]], conditions: ConditionCache) -> tuple[int, int]:
+    """The condition entries the job has to compute (neither in memory nor on disk), at the timing
+    batch and at batch_size (an entry met in both is computed at the first)."""
+    first: set[Any] = set()
+    later: set[Any] = set()
+    for job in jobs:
+        conditioner = job.models.conditioner
+        for batches, found in ((timed[job.name], first), (untimed[job.name], later)):
+            specs = [s for b in batches for s in b]
+            found |= {(id(conditioner), key) for key in conditions.missing(
+                conditioner, [s.prompt.text for s in specs], [s.seed for s in specs])}
+    return len(first), len(later - first)
 
 
 def _reps(values: Sequence[float | None]) -> str | None:
@@ -265,10 +324,13 @@ def _reps(values: Sequence[float | None]) -> str | None:
 
 
 def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size: int, warmup_batches: int,
-                 timing: Timing, device: torch.device, stopwatch: Stopwatch | None = None) -> dict[str, int]:
+                 timing: Timing, device: torch.device, stopwatch: Stopwatch | None = None,
+                 conditions: ConditionCache | None = None) -> dict[str, int]:
     """Generate every pending sample of `specs` for every job (module docstring); return the number
-    of samples made per decoder. Complete samples are skipped, so a killed job resumes."""
+    of samples made per decoder. Complete samples are skipped, so a killed job resumes. Conditions
+    come through `conditions` (None: a cache in memory for this call)."""
     watch = stopwatch or Stopwatch(device)
+    conditions = conditions if conditions is not None else ConditionCache(device=device)
     timed_ids = {s.sample_id for s in (specs if timing.images is None else specs[: timing.images])}
     timed_size = timing.batch_size or batch_size
     timed: dict[str, list[list[SampleSpec]]] = {}
@@ -281,24 +343,23 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
         untimed[job.name] = _batches([s for s in todo if s.sample_id not in timed_ids], batch_size)
     by_name = {job.name: job for job in jobs}
     made = {job.name: 0 for job in jobs}
+    run_token = uuid.uuid4().hex[:8]  # batch ids stay distinct across resumed runs
     steps = schedule({n: len(b) for n, b in timed.items()}, timing.reps, timing.order)
     if steps:
         log.info("timing %d batches of %d image(s) per decoder, %d repetition(s) each, order %s",
                  max(len(b) for b in timed.values()), timed_size, timing.reps, timing.order)
-        for index, job in enumerate(jobs):  # warm-up of every decoder before any timed decode: untimed
-            for number, batch in enumerate(timed[job.name][:warmup_batches]):
-                _, _, (_, decode, _) = _decode(job, batch, watch)
-                if index == 0 and number == warmup_batches - 1:  # the first decoder, warmed up
-                    log.info("%s", budget(decode.wall_s / len(batch), len(specs), len(jobs), device.type))
+    probed: set[str] = set()  # decoders whose first untimed batch was decoded with the warm-up
+    if warmup_batches > 0:
+        _warm_up(jobs, timed, untimed, probed, watch, conditions, run_token, made, warmup_batches=warmup_batches,
+                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device)
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
-    run_token = uuid.uuid4().hex[:8]  # batch ids stay distinct across resumed runs
     open_batches: dict[tuple[str, int], _Batch] = {}
     for name, b, r in progress(steps, desc="timed decodes", unit="decodes"):
         job, batch = by_name[name], timed[name][b]
         state = open_batches.setdefault((name, b), _Batch(decode=[], condition=[], image=[]))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        pixels, gen, (m_cond, m_dec, m_img) = _decode(job, batch, watch)
+        pixels, gen, (m_cond, m_dec, m_img) = _decode(job, batch, watch, conditions)
         state.peak = max(state.peak, _peak_memory(device))
         state.decode.append(m_dec)  # type: ignore[union-attr]
         state.condition.append(m_cond.wall_s)  # type: ignore[union-attr]
@@ -317,21 +378,73 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
                     "warm-up did not meet them); those decodes include compile time: raise warmup_batches",
                     engine.compiled_shapes() - shapes_before)
     for job in jobs:
-        for u, batch in enumerate(progress(untimed[job.name], desc=f"untimed {job.name}", unit="batches")):
+        start = 1 if job.name in probed else 0
+        batches = list(enumerate(untimed[job.name]))[start:]
+        for u, batch in progress(batches, desc=f"untimed {job.name}", unit="batches"):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            cond = job.models.condition([s.prompt.text for s in batch], [s.seed for s in batch])
+            cond = conditions.condition(job.models, [s.prompt.text for s in batch], [s.seed for s in batch])
             gen = job.decoder.generate(job.models, cond, [s.seed for s in batch])
             pixels = job.models.target.decode(gen.tokens).permute(0, 2, 3, 1).cpu().numpy()
-            row = {"decoder": job.name, "batch_id": f"{run_token}-u{u}", "batch_size": len(batch), "timed": False,
-                   "batch_latency_s": None, "peak_memory_bytes": _peak_memory(device)}
-            for spec, img, st in zip(batch, pixels, gen.stats):
-                job.sample_set.write(spec, img, {**row, **st.as_row()})
+            _write_untimed(job, batch, pixels, gen, f"{run_token}-u{u}", _peak_memory(device))
             made[job.name] += len(batch)
     for job in jobs:
         if made[job.name]:
             log.info("[%s] generated %d samples into %s", job.name, made[job.name], job.sample_set.root)
     return made
+
+
+def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
+             untimed: dict[str, list[list[SampleSpec]]], probed: set[str], watch: Stopwatch,
+             conditions: ConditionCache, run_token: str, made: dict[str, int], *, warmup_batches: int,
+             reps: int, timed_size: int, batch_size: int, device: torch.device) -> None:
+    """The warm-up (module docstring), measured, and the budget it gives: every decoder decodes its
+    first `warmup_batches` timed batches (discarded); one with untimed images not yet measured at
+    batch_size decodes its first untimed batch, which is written (its name goes into `probed`)."""
+    to_compute = _to_condition(jobs, timed, untimed, conditions)
+    costs: dict[tuple[str, int], Cost] = {}
+    rates: dict[int, list[float]] = {}  # batch size -> [entries computed, seconds]
+    compile_s = 0.0
+
+    def measure(job: Job, batch: list[SampleSpec], where: str, size: int) -> tuple[Any, Any]:
+        nonlocal compile_s
+        before = conditions.ledger.copy()
+        pixels, gen, seconds, compiling = _measured(job, batch, watch, conditions)
+        costs[(job.name, size)] = Cost(len(batch), seconds, where)
+        compile_s += compiling
+        rate = rates.setdefault(size, [0, 0.0])
+        rate[0] += conditions.ledger.computed - before.computed
+        rate[1] += conditions.ledger.computed_s - before.computed_s
+        return pixels, gen
+
+    for job in jobs:  # warm-up of every decoder before any timed decode: untimed, discarded
+        for batch in timed[job.name][:warmup_batches]:
+            measure(job, batch, "warm-up", timed_size)
+    for job in jobs:
+        if untimed[job.name] and (job.name, batch_size) not in costs:
+            batch = untimed[job.name][0]
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            pixels, gen = measure(job, batch, "first untimed batch", batch_size)
+            _write_untimed(job, batch, pixels, gen, f"{run_token}-u0", _peak_memory(device))
+            made[job.name] += len(batch)
+            probed.add(job.name)
+    if not costs:
+        return
+    work = [Work(job.name, sum(len(b) for b in timed[job.name][:warmup_batches]),
+                 sum(len(b) for b in timed[job.name]), sum(len(b) for b in untimed[job.name])) for job in jobs]
+    per_entry = {size: seconds / entries for size, (entries, seconds) in rates.items() if entries}
+    conditioning = Conditioning(to_compute[0], to_compute[1], per_entry.get(timed_size), per_entry.get(batch_size))
+    log.info("%s", estimate(work, costs, reps=reps, timed_size=timed_size, batch_size=batch_size,
+                            conditioning=conditioning, compile_s=compile_s, device=device.type))
+
+
+def _write_untimed(job: Job, batch: list[SampleSpec], pixels: Any, gen: Any, batch_id: str, peak: int) -> None:
+    """Write the images of an untimed batch (decoded once; no timing columns)."""
+    row = {"decoder": job.name, "batch_id": batch_id, "batch_size": len(batch), "timed": False,
+           "batch_latency_s": None, "peak_memory_bytes": peak}
+    for spec, img, st in zip(batch, pixels, gen.stats):
+        job.sample_set.write(spec, img, {**row, **st.as_row()})
 
 
 def _write_timed(job: Job, batch: list[SampleSpec], state: _Batch, batch_id: str) -> None:
@@ -353,9 +466,9 @@ def _write_timed(job: Job, batch: list[SampleSpec], state: _Batch, batch_id: str
 
 def generate(decoder: Decoder, models: ModelBundle, sample_set: SampleSet, specs: Sequence[SampleSpec], *,
              batch_size: int, warmup_batches: int, device: torch.device, name: str,
-             timing: Timing | None = None) -> int:
+             timing: Timing | None = None, conditions: ConditionCache | None = None) -> int:
     """One decoder's `generate_all` (every image timed at `batch_size` unless `timing` says otherwise);
     returns how many samples were made."""
     job = Job(name=name, decoder=decoder, models=models, sample_set=sample_set)
     return generate_all([job], specs, batch_size=batch_size, warmup_batches=warmup_batches,
-                        timing=timing or Timing(), device=device)[name]
+                        timing=timing or Timing(), device=device, conditions=conditions)[name]

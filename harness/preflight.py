@@ -336,17 +336,6 @@ def describe(cfg: DictConfig, jobs: Plan, prompts: int, images: int) -> str:
     return text
 
 
-def budget(per_image_s: float, images: int, decoders: int, device: str) -> str:
-    """The time estimate printed after the first warm-up: every decoder at the measured per-image
-    time of the first (raster's is the slowest), so an upper bound."""
-    hours = per_image_s * images * decoders / 3600
-    unit = "GPU-hours" if device.startswith("cuda") else "CPU-hours"
-    return (
-        f"budget: about {hours:.2f} {unit} at most ({per_image_s:.3f} s per image measured at warm-up x "
-        f"{images} images x {decoders} decoders; accelerated decoders take less)"
-    )
-
-
 def to_dict(jobs: Plan) -> dict[str, Any]:
     """The plan as run.json records it."""
     return {"decoders": jobs.decoders, "evaluators": jobs.evaluators, "skipped": dict(jobs.skipped)}

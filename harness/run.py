@@ -27,6 +27,7 @@ from harness.generate import Job, generate_all
 from harness.models.guidance import Guided
 from harness.runtime import engine
 from harness.store import provenance, summary
+from harness.store.conditions import CONDITIONS_DIR, ConditionCache
 from harness.store.binding import check_stored, compared, sample_binding, trust_targets_of
 from harness.store.samples import NotWritableError, SampleSet, plan, write_atomic
 
@@ -143,6 +144,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if not decoders:
         raise preflight.IncompatibleError(f"no decoder left to run on model {cfg.model.get('name')}: "
                                           f"{jobs_plan.skipped}")
+    if CONDITIONS_DIR in decoders:  # its SampleSet would share the folder of the condition cache
+        raise ConfigValueError(f"decoder.{CONDITIONS_DIR}: a decoder cannot be named {CONDITIONS_DIR!r}, the "
+                               "folder of the condition cache in samples_dir; give it another name")
     timing = timing_of(cfg)
     if "fetch" in cfg.stages:
         preflight.fetch(cfg, _evaluators(cfg, jobs_plan.evaluators))
@@ -182,8 +186,11 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
                                    compared=compared)  # old paths current, options at their defaults left out
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
+        model_config = OmegaConf.to_container(cfg.model, resolve=True)
+        conditions = ConditionCache(samples_root / CONDITIONS_DIR, model=bundle.name,
+                                    config=model_config if isinstance(model_config, dict) else None, device=device)
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
-                     timing=timing, device=device)
+                     timing=timing, device=device, conditions=conditions)
     if "evaluate" in cfg.stages and "generate" not in cfg.stages:  # a generate stage bound them
         for name, sample_set in sample_sets.items():  # before any row is written
             check_stored(cfg, name, sample_set.root, sample_set.binding())

@@ -160,6 +160,7 @@ def test_the_four_images_of_a_prompt_get_their_own_llm_samples(draws: str) -> No
     from harness.api import Prompt, SamplingParams
     from harness.generate import Job, Stopwatch, _decode
     from harness.run import guided
+    from harness.store.conditions import ConditionCache
     from harness.store.samples import plan
 
     cfg, bundle = _tiny([f"model.llm.draws={draws}"])
@@ -177,8 +178,9 @@ def test_the_four_images_of_a_prompt_get_their_own_llm_samples(draws: str) -> No
               sample_set=None)  # type: ignore[arg-type]
     prompts = [Prompt(id="t/0", text="a red cube"), Prompt(id="t/1", text="a blue ball")]
     specs = plan(prompts, 4, 7)
-    _decode(job, specs, Stopwatch(torch.device("cpu")))
-    _decode(job, specs[4:6], Stopwatch(torch.device("cpu")))  # images 0, 1 of prompt t/1 alone
+    _decode(job, specs, Stopwatch(torch.device("cpu")), ConditionCache())
+    # images 0, 1 of prompt t/1 alone, drawn again (a fresh condition cache: no stored entry)
+    _decode(job, specs[4:6], Stopwatch(torch.device("cpu")), ConditionCache())
     codes, again = seen
     for first in (0, 4):
         distinct = {tuple(row.tolist()) for row in codes[first:first + 4]}

@@ -188,6 +188,7 @@ class FlanT5Encoder:
             raise WeightsError(f"cannot load the T5 encoder from {folder} (repo {repo_id}): {err}") from err
         if device:
             self.model.to(device)
+        self.folder = folder  # the condition cache identifies the weights by its files
         self.max_length = max_length
         self.dim = int(self.model.config.d_model)
         self.clean = clean
@@ -257,11 +258,22 @@ class CaptionConditioner:
             self.encoder.to(device)
         return self
 
+    per_image = False  # the encoder's features depend on the prompt only: the cache keeps one per prompt
+
+    @property
+    def stage(self) -> CaptionEncoder:
+        """The costly stage, whose features the condition cache keeps (harness/store/conditions.py)."""
+        return self.encoder
+
     def __call__(self, prompts: Sequence[str]) -> PaddedCondition:
-        feats, mask = self.encoder(prompts)
+        return self.finish(self.encoder(prompts))
+
+    def finish(self, encoded: tuple[Tensor, Tensor]) -> PaddedCondition:
+        """The encoder's (features [B, L, D], mask [B, L]) -> the condition, with LlamaGen's padding."""
+        feats, mask = encoded
         if self.left_padding:
             feats, mask = left_pad(feats, mask)
         else:
             feats = feats * mask[..., None]
-        null = torch.zeros(len(prompts), dtype=torch.bool, device=feats.device)
+        null = torch.zeros(feats.shape[0], dtype=torch.bool, device=feats.device)
         return PaddedCondition(TextCondition(null=null, features=feats), mask)

@@ -110,6 +110,7 @@ class TarLLM:
             raise WeightsError(f"cannot load the Tar LLM from {folder} (repo {repo_id}): {err}") from err
         if device:
             self.model.to(device)
+        self.folder = folder  # the condition cache identifies the weights by its files
         self.scale, self.seq_len, self.seed, self.system_prompt = scale, seq_len, seed, system_prompt
         given = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
         self.sampling = {"do_sample": True, **{k: v for k, v in given.items() if v is not None}}
@@ -170,8 +171,21 @@ class TarConditioner:
             self.llm.to(device)
         return self
 
-    def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> TextCondition:
-        codes = self.llm(prompts, seeds)
+    @property
+    def stage(self) -> CodeGenerator:
+        """The costly stage, whose codes the condition cache keeps (harness/store/conditions.py)."""
+        return self.llm
+
+    @property
+    def per_image(self) -> bool:
+        """Whether the LLM's codes depend on the image seed (`draws: per_image`) or only on the prompt."""
+        return getattr(self.llm, "draws", "per_image") == "per_image"
+
+    def finish(self, codes: Tensor) -> TextCondition:
+        """The LLM's codes [B, seq_len] -> the condition (TA-Tok code embedding)."""
         feats = self.tatok(codes)
-        null = torch.zeros(len(prompts), dtype=torch.bool, device=feats.device)
+        null = torch.zeros(codes.shape[0], dtype=torch.bool, device=feats.device)
         return TextCondition(null=null, features=feats)
+
+    def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> TextCondition:
+        return self.finish(self.llm(prompts, seeds))
