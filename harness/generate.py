@@ -291,6 +291,10 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
                 if index == 0 and number == warmup_batches - 1:  # the first decoder, warmed up
                     log.info("%s", budget(decode.wall_s / len(batch), len(specs), len(jobs), device.type))
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
+    compile_before = engine.compile_seconds()
+    if engine.compiled_anywhere():  # compile time, reported apart: no timed decode includes it
+        log.info("engine=compiled: %d graph(s) compiled and captured in %.1f s before timing (warm-up)",
+                 shapes_before, compile_before)
     run_token = uuid.uuid4().hex[:8]  # batch ids stay distinct across resumed runs
     open_batches: dict[tuple[str, int], _Batch] = {}
     for name, b, r in progress(steps, desc="timed decodes", unit="decodes"):
@@ -316,6 +320,11 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
         log.warning("engine=compiled: %d forward shape(s) were first compiled inside timed decodes (the "
                     "warm-up did not meet them); those decodes include compile time: raise warmup_batches",
                     engine.compiled_shapes() - shapes_before)
+        log.warning("engine=compiled: %.1f s of first calls (compile, capture) inside timed decodes",
+                    engine.compile_seconds() - compile_before)
+    if engine.over_budget():
+        log.warning("engine=compiled: %s met more forward shapes than their graph budget; the shapes past "
+                    "it ran eager (docs/methodology.md, \"The decode engine\")", ", ".join(engine.over_budget()))
     for job in jobs:
         for u, batch in enumerate(progress(untimed[job.name], desc=f"untimed {job.name}", unit="batches")):
             if device.type == "cuda":
