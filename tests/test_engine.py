@@ -242,3 +242,29 @@ def test_on_cuda_compiled_and_eager_decode_the_same_greedy_tokens() -> None:
     engine.apply(compiled, "compiled", torch.device("cuda"))
     for name in DECODERS:
         assert torch.equal(_decode(name, compiled, [1, 2, 3]), _decode(name, eager, [1, 2, 3])), name
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_guidance_mixes_wide_logits_in_chunks_without_changing_tokens(dtype: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """MuLo-SD verifies the whole image in one forward; guidance mixes its logits LOGITS_CHUNK
+    positions at a time (the model's own bf16 logits whole, float only per chunk): the tokens are
+    those of the unchunked mix."""
+    from harness.models import guidance
+
+    cfg = compose_cfg(["model=llamagen_tiny", "decoder=[mulo_sd,raster]", f"model.dtype={dtype}"])
+    bundle = _build(cfg.model, drop=("name", "sampling"))
+    tokens = {}
+    for chunk in (3, 10**6):
+        monkeypatch.setattr(guidance, "LOGITS_CHUNK", chunk)
+        for name in ("mulo_sd", "raster"):
+            decoder = _build(cfg.decoder[name])
+            models = guided(bundle, decoder.sampling)
+            tokens[chunk, name] = decoder.generate(models, models.condition(PROMPTS), [1, 2, 3]).tokens
+    for name in ("mulo_sd", "raster"):
+        assert torch.equal(tokens[3, name], tokens[10**6, name]), name
+    logits = torch.randn(4, 16, 8, dtype=getattr(torch, "bfloat16" if dtype == "bf16" else "float32"))
+    monkeypatch.setattr(guidance, "LOGITS_CHUNK", 3)
+    mixed = guidance.Guided(bundle.target, 2.0)._mix(logits)
+    whole = logits[2:].float() + 2.0 * (logits[:2].float() - logits[2:].float())
+    assert mixed.dtype == torch.float32 and torch.equal(mixed, whole)
