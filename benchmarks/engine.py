@@ -426,10 +426,11 @@ def memory_table(names: list[str], batch: int, layers: int) -> list[list[str]]:
                 del logits, probs
             weights, cache = outside + full * per_layer, full * kv_layer
             if decoder == "mulo_sd" and bundle.drafter is not None:
-                weights += sum(p.numel() * p.element_size() for p in bundle.drafter.gpt.parameters()) * full // layers
-                rows_d = bundle.drafter.gpt
-                cache += full * 2 * 2 * batch * rows_d.layers[0].attention.n_kv_head * rows_d.slots \
-                    * rows_d.layers[0].attention.head_dim * 2
+                small = bundle.drafter.gpt
+                layer_d = sum(p.numel() * p.element_size() for p in small.layers[0].parameters())
+                weights += sum(p.numel() * p.element_size() for p in small.parameters()) + (full - layers) * layer_d
+                att = small.layers[0].attention  # k and v, 2B rows under guidance, bf16
+                cache += full * 2 * 2 * batch * att.n_kv_head * small.slots * att.head_dim * 2
             head = getattr(bundle.target, "eagle_head", None)
             if decoder == "lantern" and head is not None:
                 weights += sum(p.numel() * p.element_size() for p in head.parameters())
