@@ -12,14 +12,22 @@ Three tables, all measured in this one run:
    read once at the end of a decode not); on CUDA also
    the synchronisations torch itself reports (sync debug mode). A decode loop that is to be timed on
    a GPU wants few of the first and at most one or two of the others per step.
-2. Raster per-step latency of one architecture at batch 1 with CFG, against the memory floor
-   (bytes a step must read, weights and KV cache, over the device bandwidth measured here with a
-   large copy), eager and with the harness's `engine=compiled` (harness/runtime/engine.py: torch.compile,
-   CUDA graphs on CUDA). On CUDA: the full-size LlamaGen-XL 512, Tar-1.5B 512 and Tar-7B 1024
-   AR-DTok architectures (conf/model, random weights, bf16). On a CPU: the tiny stand-ins at fp32
-   (a small scale).
+2. Raster per-step latency of one architecture at batch 1 and 16 with CFG, against the memory
+   floor (bytes a step must read: the target GPT's weights and the KV cache it attends over, over
+   the device bandwidth measured here with a large copy; the VQ decoder, the conditioner and an
+   EAGLE head are not read by a raster step), eager and with the harness's `engine=compiled`
+   (harness/runtime/engine.py: torch.compile, CUDA graphs on CUDA), with the compile time apart.
+   On CUDA: the full-size LlamaGen-XL 512, Tar-1.5B 512 and Tar-7B 1024 AR-DTok architectures
+   (conf/model, random weights, bf16) with stand-in conditioners of the right width (`stand_ins`:
+   a seeded random caption encoder of FLAN-T5-XL's 2048 x 120 features, a random emitter of Tar's
+   729 TA-Tok codes): no download, no transformers. On a CPU: the tiny stand-ins at fp32 (a small
+   scale), or the full-size ones with `--full-size` (`--layers` reduces their depth).
 3. One target forward at each decoder's width (raster 1, ZipAR one token per grid row, SJD L + 1,
    EAGLE-2's tree 59, MuLo-SD's whole image N), eager, on the same architectures.
+4. `--memory MODEL`: peak memory per decoder at the protocol's batch (`--batch`, 16), counted on
+   the meta device at full width and `--layers` layers (no memory, no compute) and scaled to the
+   full depth (`memory_table`).
+5. `--head-share`: the EAGLE head's share of an eagle2 decode's forward time (shapes world).
 
 This is a microbenchmark of single steps, not a timing of decoders (those come from the harness
 pipeline, harness/generate.py).
@@ -31,11 +39,13 @@ import argparse
 import logging
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -224,44 +234,90 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _target(name: str, overrides: list[str], device: torch.device) -> tuple[Any, Any]:
-    """(bundle, CFG-wrapped target) of model `name` with random weights, cache set up at batch 1."""
-    cfg = compose_config([f"model={name}", "model.random_init=true", *overrides], name)
+def stand_ins(model: Any) -> None:
+    """Replace a real model config's conditioner by a seeded random stand-in of the same output
+    width (no download, no transformers): LlamaGen's FLAN-T5-XL by a random caption encoder of
+    `arch.caption_dim` x `arch.prefix_len` features, Tar's LLM stage by a random emitter of
+    `arch.prefix_len` TA-Tok codes (the TA-Tok code embedding stays, with random weights)."""
+    from omegaconf import OmegaConf
+
+    from harness.models.tar.tatok import TATokConfig
+
+    if "text_encoder" in model:
+        model.text_encoder = OmegaConf.create({
+            "_target_": "harness.models.llamagen.t5_captions.TinyTextEncoder",
+            "dim": int(model.arch.caption_dim), "max_length": int(model.arch.prefix_len), "seed": int(model.seed)})
+    if "llm" in model:
+        codes = int((model.get("tatok") or {}).get("codebook_size", TATokConfig().codebook_size))
+        model.llm = OmegaConf.create({
+            "_target_": "harness.models.tar.llm.TinyCodeLM", "codebook_size": codes,
+            "seq_len": int(model.arch.prefix_len), "seed": int(model.seed)})
+
+
+def model_config(name: str, overrides: list[str], layers: int | None = None) -> Any:
+    """The `model=name` config with random weights and stand-in conditioners; `layers`: every GPT
+    (target, drafters) at that depth (full width)."""
+    depth = [f"model.arch.n_layer={layers}"] if layers else []
+    cfg = compose_config([f"model={name}", "model.random_init=true", *depth, *overrides], name)
+    stand_ins(cfg.model)
+    return cfg
+
+
+def _target(name: str, overrides: list[str], device: torch.device, layers: int | None = None) -> tuple[Any, Any]:
+    """(bundle, CFG-wrapped target) of model `name` with random weights and stand-in conditioners."""
+    cfg = model_config(name, overrides, layers)
     bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
     target = guided(bundle, _build(cfg.sampling, drop=())).target
     return bundle, target
 
 
-def step_table(
-    models: dict[str, list[str]], device: torch.device, steps: int, compiled: bool
-) -> list[list[str]]:
-    """Rows: model, eager ms/step, compiled ms/step, floor ms/step (weights + KV cache / bandwidth),
-    eager / floor, compiled / floor."""
+def floor_bytes(bundle: Any) -> int:
+    """Bytes one raster step must read: the target GPT's weights and the KV cache its attention reads
+    (set up by the caller), not the VQ decoder, the conditioner or an EAGLE head."""
+    gpt = bundle.target.gpt
+    weights = sum(p.numel() * p.element_size() for p in gpt.parameters())
+    cache = 0
+    for layer in gpt.layers:
+        kv = layer.attention.kv_cache
+        cache += 0 if kv is None else 2 * kv.k_cache.numel() * kv.k_cache.element_size()
+    return weights + cache
+
+
+def step_table(models: dict[str, list[str]], device: torch.device, steps: int, compiled: bool,
+               batches: tuple[int, ...] = (1,), layers: int | None = None) -> list[list[str]]:
+    """Rows: model, batch, eager ms/step, compiled ms/step, compile s, floor ms/step (target GPT
+    weights + KV cache / bandwidth), eager / floor, compiled / floor. Rows print as they finish."""
     rate = bandwidth(device)
     rows = []
     for name, overrides in models.items():
-        bundle, target = _target(name, overrides, device)
-        eager = _ms_per_step(bundle, target, steps, device)
-        weight_bytes = sum(p.numel() * p.element_size() for p in bundle.target.parameters())
-        cache_bytes = sum(b.numel() * b.element_size() for b in bundle.target.buffers())
-        floor = (weight_bytes + cache_bytes) / rate * 1000
-        fast, ratio = "-", "-"
-        if compiled:
-            engine.apply(bundle, "compiled", device)
-            ms = _ms_per_step(bundle, target, steps, device)
-            fast, ratio = f"{ms:.2f}", f"{ms / floor:.1f}"
-        rows.append([name, f"{eager:.2f}", fast, f"{floor:.3f}", f"{eager / floor:.1f}", ratio])
-        del bundle, target
+        for batch in batches:
+            bundle, target = _target(name, overrides, device, layers)
+            eager = _ms_per_step(bundle, target, steps, device, batch=batch)
+            floor = floor_bytes(bundle) / rate * 1000
+            fast, ratio, compile_s = "-", "-", "-"
+            if compiled:
+                engine.apply(bundle, "compiled", device)
+                engine.reserve(bundle, [], batch)  # the trash slot: allocated before any graph is captured
+                before = engine.compile_seconds()
+                ms = _ms_per_step(bundle, target, steps, device, batch=batch)
+                fast, ratio = f"{ms:.2f}", f"{ms / floor:.1f}"
+                compile_s = f"{engine.compile_seconds() - before:.1f}"
+            rows.append([name, str(batch), f"{eager:.2f}", fast, compile_s, f"{floor:.3f}", f"{eager / floor:.1f}",
+                         ratio])
+            log.info("step row: %s", " | ".join(rows[-1]))
+            del bundle, target
     return rows
 
 
 @torch.inference_mode()
-def _ms_per_step(bundle: Any, target: Any, steps: int, device: torch.device, width: int = 1) -> float:
-    """Milliseconds per forward of `width` tokens, averaged over `steps` positions after 3 warm-up
-    forwards (which compile and capture under engine=compiled)."""
+def _ms_per_step(bundle: Any, target: Any, steps: int, device: torch.device, width: int = 1,
+                 batch: int = 1) -> float:
+    """Milliseconds per forward of `width` tokens at `batch` images, averaged over `steps` positions
+    after 3 warm-up forwards (which compile and capture under engine=compiled: their time is the
+    compile time, engine.compile_seconds)."""
     n = target.grid[0] * target.grid[1]
-    target.setup_cache(1)
-    logits = target.prefill(bundle.condition(["a photo of a cat"]))
+    target.setup_cache(batch)
+    logits = target.prefill(bundle.condition(["a photo of a cat"] * batch))
     tokens = logits.argmax(-1, keepdim=True).expand(-1, width).contiguous()
     positions = torch.arange(n + width, device=tokens.device).clamp(max=n - 1)
     for i in range(3):
@@ -275,17 +331,174 @@ def _ms_per_step(bundle: Any, target: Any, steps: int, device: torch.device, wid
     return (time.perf_counter() - start) / steps * 1000
 
 
-def width_table(models: dict[str, list[str]], device: torch.device, steps: int) -> list[list[str]]:
+def width_table(models: dict[str, list[str]], device: torch.device, steps: int,
+                layers: int | None = None) -> list[list[str]]:
     """Rows: model, then eager ms per target forward at each decoder's width (class docstring)."""
     rows = []
     for name, overrides in models.items():
-        bundle, target = _target(name, overrides, device)
+        bundle, target = _target(name, overrides, device, layers)
         rows_, cols = target.grid
         widths = {"raster": 1, "zipar": rows_, "sjd": 17, "eagle2": 59, "mulo_sd": rows_ * cols}
         cells = [f"{_ms_per_step(bundle, target, max(steps // 4, 2), device, w):.2f}" for w in widths.values()]
         rows.append([name, *cells])
         del bundle, target
     return rows
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the tensor storages created while the mode is on and still alive; `peak` is the most
+    at once. Storages are followed through their Python objects (kept one per storage by torch):
+    an output sharing an input's storage (a view, an in-place result) adds nothing, and the bytes
+    go when the last tensor of a storage goes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        given = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:  # views and in-place results share an input's storage: not new
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in given:
+                self._follow(t.untyped_storage())
+        return out
+
+    def _follow(self, storage: Any) -> None:
+        if id(storage) in self._seen:
+            return
+        size = storage.nbytes()
+        self._seen.add(id(storage))
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, id(storage), size)
+
+    def _free(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
+
+
+def _efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+                         is_causal: bool = False) -> torch.Tensor:
+    """What CUDA's memory-efficient attention allocates (no [T, S] score matrix): the additive mask
+    in the query's dtype and the output. Used only while memory is counted on the meta device."""
+    if attn_mask is not None:
+        torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask, float("-inf"))
+    return torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+
+
+def memory_table(names: list[str], batch: int, layers: int) -> list[list[str]]:
+    """Rows: model, decoder, widest target forward (tokens), GPT weights GB, KV cache GB, transient
+    GB, peak GB: the decoder's peak memory at `batch` images under guidance, at full depth.
+
+    Counted, not timed: each model is built at full width and `layers` layers (random weights,
+    stand-in conditioners), moved to the meta device, and the decoder's widest target forward runs
+    there with its guidance mix and the float softmax the decoder takes of the mixed logits, under a
+    counter of live tensor bytes (`_LiveBytes`; attention counted as CUDA's memory-efficient kernel
+    allocates, `_efficient_attention`). Scaling to the model's full depth L: weights = outside-layer
+    weights + L x one layer's; KV cache = L x one layer's (at the decoder's rows and slots); the
+    transient (activations, logits, mix, softmax) does not grow with depth, as eager forwards free
+    each layer's activations before the next. MuLo-SD adds its drafter's weights and KV cache
+    (same family, full depth), EAGLE-2 / LANTERN their head. Conditioners (T5, Tar's LLM) and the
+    VQ decoder are not counted."""
+    from harness.models import transformer
+
+    rows = []
+    for name in names:
+        full = int(compose_config([f"model={name}"], name).model.arch.n_layer)
+        bundle, target = _target(name, ["model.dtype=bf16"], torch.device("cpu"), layers)
+        bundle.to("meta")
+        gpt, grid = bundle.target.gpt, bundle.target.grid
+        n = grid[0] * grid[1]
+        widths = {"raster": 1, "zipar": grid[0], "lantern": 59, "mulo_sd": n}
+        per_layer = sum(p.numel() * p.element_size() for p in gpt.layers[0].parameters())
+        outside = sum(p.numel() * p.element_size() for p in gpt.parameters()) - layers * per_layer
+        for decoder, width in widths.items():
+            target.setup_cache(batch, scratch=59 if decoder == "lantern" else 0)
+            kv = gpt.layers[0].attention.kv_cache
+            kv_layer = 2 * kv.k_cache.numel() * kv.k_cache.element_size()
+            tokens = torch.zeros(batch, width, dtype=torch.long, device="meta")
+            with torch.inference_mode(), _patched(transformer.F, "scaled_dot_product_attention",
+                                                  _efficient_attention), _LiveBytes() as live:
+                logits = target.forward(tokens, torch.arange(width, device="meta"))
+                probs = torch.softmax(logits, -1)
+                del logits, probs
+            weights, cache = outside + full * per_layer, full * kv_layer
+            if decoder == "mulo_sd" and bundle.drafter is not None:
+                small = bundle.drafter.gpt
+                layer_d = sum(p.numel() * p.element_size() for p in small.layers[0].parameters())
+                weights += sum(p.numel() * p.element_size() for p in small.parameters()) + (full - layers) * layer_d
+                att = small.layers[0].attention  # k and v, 2B rows under guidance, bf16
+                cache += full * 2 * 2 * batch * att.n_kv_head * small.slots * att.head_dim * 2
+            head = getattr(bundle.target, "eagle_head", None)
+            if decoder == "lantern" and head is not None:
+                weights += sum(p.numel() * p.element_size() for p in head.parameters())
+            gb = [x / 1e9 for x in (weights, cache, live.peak, weights + cache + live.peak)]
+            rows.append([name, decoder, str(width), *(f"{x:.2f}" for x in gb)])
+            log.info("memory row: %s", " | ".join(rows[-1]))
+        del bundle, target
+    return rows
+
+
+class _patched:  # noqa: N801 (a context manager used like a function)
+    """Set `owner.name` to `value` while the block runs."""
+
+    def __init__(self, owner: Any, name: str, value: Any) -> None:
+        self.owner, self.name, self.value = owner, name, value
+
+    def __enter__(self) -> None:
+        self.saved = getattr(self.owner, self.name)
+        setattr(self.owner, self.name, self.value)
+
+    def __exit__(self, *exc: Any) -> None:
+        setattr(self.owner, self.name, self.saved)
+
+
+def head_share(device: torch.device, prompts: int = 2) -> list[list[str]]:
+    """Rows: decoder, ms in target forwards, ms in EAGLE-head calls (its forward and the output
+    layer it borrows), head share of the two: eagle2 and lantern on the shapes world at batch 1,
+    eager (the head is not compiled under engine=compiled; docs/methodology.md)."""
+    cfg = compose_config(["decoder=[eagle2,lantern]", "model=shapes"], "shapes")
+    rows = []
+    for name in ("eagle2", "lantern"):
+        bundle = _build(cfg.model, drop=("name", "sampling")).to(device)
+        decoder = _build(cfg.decoder[name])
+        models = guided(bundle, decoder.sampling)
+        decoder.generate(models, models.condition(["a photo of a red circle"]), [0])  # warm-up
+        spent = {"target": 0.0, "head": 0.0}
+        _time_calls(bundle.target.gpt, "forward_cached", spent, "target", device)
+        _time_calls(bundle.target.gpt, "prefill", spent, "target", device)
+        _time_calls(bundle.target.eagle_head, "forward", spent, "head", device)
+        _time_calls(bundle.target, "head_logits", spent, "head", device)
+        for seed in range(prompts):
+            decoder.generate(models, models.condition(["a photo of a red circle and a blue square"]), [seed])
+        share = spent["head"] / max(spent["head"] + spent["target"], 1e-9)
+        rows.append([name, f"{spent['target'] * 1000:.1f}", f"{spent['head'] * 1000:.1f}", f"{share:.1%}"])
+        log.info("head row: %s", " | ".join(rows[-1]))
+    return rows
+
+
+def _time_calls(owner: Any, name: str, spent: dict[str, float], key: str, device: torch.device) -> None:
+    """Add the wall time of every call of `owner.name` to spent[key] (synchronised on CUDA)."""
+    original = getattr(owner, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _sync(device)
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _sync(device)
+            spent[key] += time.perf_counter() - start
+
+    setattr(owner, name, call)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,27 +509,43 @@ def main(argv: list[str] | None = None) -> int:
                     help="decoders of the dispatch table")
     ap.add_argument("--no-compile", action="store_true", help="skip the engine=compiled column")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tables", default="dispatch,steps,widths",
+                    help="tables to print: dispatch, steps, widths, memory, head (comma-separated)")
+    ap.add_argument("--full-size", action="store_true", help="the full-size models also off CUDA")
+    ap.add_argument("--models", default=None, help="models of the step and width tables (comma-separated)")
+    ap.add_argument("--layers", type=int, default=None, help="GPT depth of the built models (full width)")
+    ap.add_argument("--batches", default="1", help="batch sizes of the step table (comma-separated)")
+    ap.add_argument("--batch", type=int, default=16, help="the protocol's batch of the memory table")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if a.threads:
         torch.set_num_threads(a.threads)
-    device = torch.device(
-        "cuda"
-        if a.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if a.device == "auto" else a.device)
-    )
-    rows = dispatch_table(a.decoders.split(","), device)
-    print(_markdown(["decoder", "target fwd", "steps", "loop ops / fwd", "model ops / fwd",
-                     "host reads / step", "host reads / image", "CUDA syncs / step"], rows, 1))
+    device = _device(a.device)
+    tables = set(a.tables.split(","))
     cuda = device.type == "cuda"
-    models = {k: ["model.dtype=bf16"] for k in FULL_SIZE} if cuda else TINY
-    compiled = not a.no_compile and engine.unavailable(device) is None
-    rows = step_table(models, device, a.steps, compiled=compiled)
-    print(_markdown(["model", "eager ms/step", "compiled ms/step", "floor ms/step", "eager / floor",
-                     "compiled / floor"], rows, 1))
-    rows = width_table(models, device, a.steps)
-    print(_markdown(["model (ms / forward at width)", "raster 1", "zipar rows", "sjd 17", "eagle2 59",
-                     "mulo_sd N"], rows, 1))
+    names = a.models.split(",") if a.models else list(FULL_SIZE if cuda or a.full_size else TINY)
+    models = {k: ["model.dtype=bf16"] if k in FULL_SIZE else [] for k in names}
+    if "dispatch" in tables:
+        rows = dispatch_table(a.decoders.split(","), device)
+        print(_markdown(["decoder", "target fwd", "steps", "loop ops / fwd", "model ops / fwd",
+                         "host reads / step", "host reads / image", "CUDA syncs / step"], rows, 1), flush=True)
+    if "steps" in tables:
+        compiled = not a.no_compile and engine.unavailable(device) is None
+        batches = tuple(int(b) for b in a.batches.split(","))
+        rows = step_table(models, device, a.steps, compiled=compiled, batches=batches, layers=a.layers)
+        print(_markdown(["model", "batch", "eager ms/step", "compiled ms/step", "compile s", "floor ms/step",
+                         "eager / floor", "compiled / floor"], rows, 1), flush=True)
+    if "widths" in tables:
+        rows = width_table(models, device, a.steps, layers=a.layers)
+        print(_markdown(["model (ms / forward at width)", "raster 1", "zipar rows", "sjd 17", "eagle2 59",
+                         "mulo_sd N"], rows, 1), flush=True)
+    if "memory" in tables:
+        rows = memory_table([n for n in names if n in FULL_SIZE] or list(FULL_SIZE), a.batch, a.layers or 2)
+        print(_markdown(["model", "decoder", "widest forward", "GPT weights GB", "KV cache GB", "transient GB",
+                         "peak GB"], rows, 2), flush=True)
+    if "head" in tables:
+        rows = head_share(device)
+        print(_markdown(["decoder", "target forward ms", "EAGLE head ms", "head share"], rows, 1), flush=True)
     return 0
 
 

@@ -353,6 +353,10 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
         _warm_up(jobs, timed, untimed, probed, watch, conditions, run_token, made, warmup_batches=warmup_batches,
                  reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device)
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
+    compile_before = engine.compile_seconds()
+    if engine.compiled_anywhere():  # compile time, reported apart: no timed decode includes it
+        log.info("engine=compiled: %d graph(s) compiled and captured in %.1f s before timing (warm-up)",
+                 shapes_before, compile_before)
     open_batches: dict[tuple[str, int], _Batch] = {}
     for name, b, r in progress(steps, desc="timed decodes", unit="decodes"):
         job, batch = by_name[name], timed[name][b]
@@ -377,6 +381,11 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
         log.warning("engine=compiled: %d forward shape(s) were first compiled inside timed decodes (the "
                     "warm-up did not meet them); those decodes include compile time: raise warmup_batches",
                     engine.compiled_shapes() - shapes_before)
+        log.warning("engine=compiled: %.1f s of first calls (compile, capture) inside timed decodes",
+                    engine.compile_seconds() - compile_before)
+    if engine.over_budget():
+        log.warning("engine=compiled: %s met more forward shapes than their graph budget; the shapes past "
+                    "it ran eager (docs/methodology.md, \"The decode engine\")", ", ".join(engine.over_budget()))
     for job in jobs:
         start = 1 if job.name in probed else 0
         batches = list(enumerate(untimed[job.name]))[start:]

@@ -178,6 +178,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         weights = _weights_id(bundle)
         bundle = bundle.to(device)
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
+        engine.reserve(bundle, built.values(), max(int(cfg.batch_size), int(timing.batch_size or 0)))
         bundle.name = str(cfg.model.get("name", bundle.name))
         jobs = []
         for name, decoder in built.items():  # every set bound before anything is generated

@@ -71,3 +71,71 @@ def test_rejection_sites_finds_object_cells_and_their_top_edges() -> None:
     assert (objects == want).all()
     edges = top_edges(objects)
     assert edges[1, 2] and not edges[2, 2] and edges.sum() == 1
+
+
+def test_engine_builds_the_full_size_models_at_full_width_without_downloads(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """LlamaGen-XL 512 and Tar-7B 1024 at full width and 2 layers, random weights, stand-in
+    conditioners: no transformers import, no network; the floor reads the target GPT and its KV
+    cache only (not the VQ decoder, not the EAGLE head)."""
+    import sys
+
+    import torch
+
+    from benchmarks import engine
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing transformers now fails
+    assert engine.main(["--device", "cpu", "--tables", "steps", "--full-size", "--models",
+                        "llamagen_xl_512,tar_7b_1024", "--layers", "2", "--steps", "1", "--no-compile",
+                        "--threads", "1"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")}
+    assert {"llamagen_xl_512", "tar_7b_1024"} <= set(rows)
+    bundle, target = engine._target("llamagen_xl_512", ["model.dtype=bf16"], torch.device("cpu"), 2)
+    gpt = bundle.target.gpt
+    assert (gpt.cfg.dim, gpt.cfg.n_layer, gpt.cfg.caption_dim, gpt.cfg.prefix_len) == (1280, 2, 2048, 120)
+    target.setup_cache(1)
+    weights = sum(p.numel() * 2 for p in gpt.parameters())
+    cache = 2 * 2 * 2 * 20 * gpt.slots * 64 * 2  # layers x (k, v) x CFG rows x heads x slots x hd x bf16
+    assert engine.floor_bytes(bundle) == weights + cache
+    assert engine.floor_bytes(bundle) < sum(p.numel() * p.element_size() for p in bundle.target.parameters())
+
+
+def test_engine_memory_table_counts_the_protocol_batch_and_the_chunked_mix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tar-7B 1024 at batch 16, full width, 2 layers on the meta device, scaled to 30 layers: the
+    KV cache is the static cache's size, and MuLo-SD's whole-image verification needs less
+    transient memory with guidance's chunked mix than without it."""
+    from benchmarks import engine
+    from harness.models import guidance
+
+    chunked = {row[1]: row for row in engine.memory_table(["tar_7b_1024"], 16, 2)}
+    kv = 30 * 2 * 32 * 20 * (729 + 4096) * 64 * 2 / 1e9  # layers x (k, v) x rows x heads x slots x hd x bf16
+    assert float(chunked["raster"][4]) == pytest.approx(kv, abs=0.01)
+    monkeypatch.setattr(guidance, "LOGITS_CHUNK", 10**9)
+    whole = {row[1]: row for row in engine.memory_table(["tar_7b_1024"], 16, 2)}
+    verify_logits = 32 * 4096 * 16384 * 4 / 1e9  # [2B, N, V] float: what the chunked mix never holds whole
+    assert float(whole["mulo_sd"][5]) - float(chunked["mulo_sd"][5]) >= verify_logits
+    assert chunked["raster"][5] == whole["raster"][5]
+
+
+def test_gpu_first_run_script_runs_its_parts_on_the_cpu_in_tiny_mode(tmp_path: Path) -> None:
+    """benchmarks/gpu_first_run.sh with TINY=1: the parts a GPU runs, on the CPU at a tiny scale
+    (the CUDA checks skip), each writing its output; an unknown part is refused."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TINY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", "benchmarks/gpu_first_run.sh", "checks", "steps:any"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "skipped" in (tmp_path / "checks.txt").read_text()  # -m gpu tests: collected, skipped off CUDA
+    steps = (tmp_path / "steps_any.txt").read_text()
+    row = next(line for line in steps.splitlines() if line.startswith("| llamagen_tiny"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1] == "1" and float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0
+    assert "step row: llamagen_tiny" in steps  # printed as it finished, before the table
+    bad = subprocess.run(["bash", "benchmarks/gpu_first_run.sh", "nonsense"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown part nonsense" in bad.stderr

@@ -64,6 +64,11 @@ class TreeDecoder:
         self.accept = accept
         self.name = name or f"{draft.name}+{accept.name}"
 
+    @property
+    def cache_scratch(self) -> int:
+        """Scratch cache slots the target needs (one per tree node; harness/runtime/engine.reserve)."""
+        return int(self.draft.options.nodes)
+
     @torch.inference_mode()
     def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""

@@ -25,20 +25,29 @@ entries of an accepted path to their positions' slots. Every forward keeps the l
 after the final norm of the positions it computed in `last_hidden` (the features an EAGLE head
 reads; no extra forward).
 
-Decode engine (harness/runtime/engine.py): `setup_cache` allocates the cache and the slot-causal mask table
-once per shape and reuses them; `compile_cached` compiles the cached forward's layers (one graph
-per input shape) for `engine=compiled`.
+Decode engine (harness/runtime/engine.py): `setup_cache` views a cache store allocated once at the
+largest shape (`reserve`) and the slot-causal mask table; `compile_cached` compiles the cached
+forward's layers for `engine=compiled`, as a function of this model's own (torch counts graphs per
+code object, so each model has its own recompile budget, harness/runtime/graphs.py). A compiled
+GPT pads every cached forward to a power-of-two width (`graphs.graph_width`): padded positions
+write one trash slot at the end of the cache that no real query sees, and their outputs are
+dropped. Cached forwards return logits in the weights' dtype to `raw=True` callers (guidance mixes
+them in float chunks, harness/models/guidance.py), float logits to the others.
 """
 from __future__ import annotations
 
+import time
+import types
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.models.condition import TextCondition
 from harness.models.gpt_config import GPTConfig
 from harness.models.masks import attention_mask, hide
 from harness.models.transformer import KVCache, RMSNorm, TransformerBlock, rope_2d_table
+from harness.runtime import graphs
 
 
 class MLP(nn.Module):
@@ -95,6 +104,7 @@ class GPT(nn.Module):
         self.causal: Tensor | None = None  # [S, S] bool slot-causal rows of the cache (setup_cache)
         self._stack = self._run_layers  # the cached forward's layers; `compile` replaces it
         self.compiled = False
+        self.budget: graphs.GraphBudget | None = None  # the compiled forward's shapes (compile_cached)
         for m in self.modules():  # LlamaGen's init: N(0, 0.02) weights, a zero output head
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
@@ -183,32 +193,42 @@ class GPT(nn.Module):
         return self._positional(h, slots)
 
     def _layers(self, h: Tensor, slots: Tensor, mask: Tensor | None, cache: bool,
-                write: Tensor | None = None) -> Tensor:
-        """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] (None: causal, no cache) -> logits
-        [B, T, V]; with `cache`, keys/values go to cache slots `write` [B, T] (default: `slots`).
-        Keeps the hidden states after the final norm in `last_hidden`."""
+                write: Tensor | None = None, raw: bool = False) -> Tensor:
+        """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] (None: causal, no cache) -> float
+        logits [B, T, V] (in the weights' dtype when `raw`); with `cache`, keys/values go to cache
+        slots `write` [B, T] (default: `slots`). Keeps the hidden states after the final norm in
+        `last_hidden`."""
         write = slots if write is None else write
         if cache:
             logits, self.last_hidden = self._stack(h, slots, mask, write)
-            return logits
-        logits, self.last_hidden = self._run_layers(h, slots, mask, None)
-        return logits
+        else:
+            logits, self.last_hidden = self._run_layers(h, slots, mask, None)
+        return logits if raw else logits.float()
 
     def _run_layers(self, h: Tensor, slots: Tensor, mask: Tensor | None,
                     write: Tensor | None) -> tuple[Tensor, Tensor]:
         """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] or None, cache slots write [B, T]
-        or None (no cache) -> (float logits [B, T, V], hidden states after the final norm)."""
+        or None (no cache) -> (logits [B, T, V] in the weights' dtype, hidden states after the final
+        norm)."""
         h, rope = self._positional(h, slots)
         mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]: every head
         for layer in self.layers:
             h = layer(h, rope, mask, write)
         hidden = self.norm(h)
-        return self.output(hidden).float(), hidden
+        return self.output(hidden), hidden
 
-    def compile_cached(self, mode: str | None = None) -> None:
+    def compile_cached(self, mode: str | None = None, name: str = "GPT",
+                       budget: int = graphs.GRAPH_BUDGET) -> None:
         """Compile the cached forward's layers (`torch.compile`, one graph per input shape;
-        `mode="reduce-overhead"` captures CUDA graphs). Training forwards stay eager."""
-        compiled = torch.compile(self._run_layers, mode=mode, dynamic=False)
+        `mode="reduce-overhead"` captures CUDA graphs). Training forwards stay eager. The compiled
+        function runs a copy of `_run_layers`' code object made for this model: torch keeps its
+        graphs and counts its recompiles per code object, so every model gets `budget` graphs of
+        its own (`self.budget` records its shapes and warns past it)."""
+        method = type(self)._run_layers
+        code = method.__code__.replace(co_name=f"{method.__name__}_{id(self):x}")
+        own = types.FunctionType(code, method.__globals__, code.co_name, method.__defaults__, method.__closure__)
+        compiled = torch.compile(types.MethodType(own, self), mode=mode, dynamic=False)
+        self.budget = graphs.GraphBudget(name, budget)
         if mode == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
             def stack(*args: Tensor | None) -> tuple[Tensor, Tensor]:
                 logits, hidden = compiled(*args)
@@ -250,12 +270,32 @@ class GPT(nn.Module):
         self.scratch = int(scratch)
         for layer in self.layers:
             att = layer.attention
-            att.kv_cache = KVCache.reuse(att.kv_cache, batch_size, att.n_kv_head, self.cache_slots,
+            att.kv_cache = KVCache.reuse(att.kv_cache, batch_size, att.n_kv_head, self._kv_slots(att.kv_cache),
                                          att.head_dim, dtype or w.dtype, w.device)
         if self.causal is None or self.causal.shape[0] != self.cache_slots or self.causal.device != w.device:
             with torch.inference_mode(False):
                 self.causal = attention_mask(torch.arange(self.cache_slots, device=w.device), self.cache_slots)
         self.prefix_keep = self.token_bias = self.last_hidden = None
+
+    def _kv_slots(self, cache: KVCache | None) -> int:
+        """Slots of the cache view: the `cache_slots` eager; compiled, the store's whole width (at
+        least one trash slot past `cache_slots`), so that every forward of a batch size sees one
+        cache shape whatever the scratch of the decoder."""
+        if not self.compiled:
+            return self.cache_slots
+        return max(self.cache_slots + 1, 0 if cache is None else cache.capacity[1])
+
+    def reserve(self, batch_size: int, scratch: int = 0, dtype: torch.dtype | None = None) -> None:
+        """Allocate the cache store once at its largest shape: `batch_size` rows (the job's largest,
+        guidance's doubling included) and `scratch` slots (the largest draft tree), plus a compiled
+        model's trash slot; later `setup_cache` calls view it without reallocating."""
+        self.scratch = 0
+        w = self.output.weight
+        for layer in self.layers:
+            att = layer.attention
+            slots = self._kv_slots(None) + int(scratch)
+            att.kv_cache = KVCache.reuse(att.kv_cache, batch_size, att.n_kv_head, slots, att.head_dim,
+                                         dtype or w.dtype, w.device)
 
     def prefill(self, cond: TextCondition, prefix_mask: Tensor | None = None) -> Tensor:
         """Write the prefix into slots [0, P); return logits [B, V] for image position 0.
@@ -270,11 +310,12 @@ class GPT(nn.Module):
         return self._cached(x, slots, self._causal_rows(slots))[:, -1]
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
-                       slots: Tensor | None = None) -> Tensor:
+                       slots: Tensor | None = None, raw: bool = False) -> Tensor:
         """tokens [B, T] at image positions [T] or [B, T]; mask [B, T, S] bool (True = attend; S =
         `cache_slots`) or None for slot-causal attention; slots [B, T] cache slots to write (None:
         each position's own, prefix_len + position; scratch slots >= `slots` hold draft-tree nodes,
-        which keep their positions' rotary/absolute code). Returns logits [B, T, V] for positions + 1."""
+        which keep their positions' rotary/absolute code). Returns float logits [B, T, V] for
+        positions + 1 (in the weights' dtype when `raw`)."""
         b, t = tokens.shape
         seq = positions.to(tokens.device).expand(b, -1) + self.cfg.prefix_len
         write = seq if slots is None else slots.to(tokens.device).expand(b, -1)
@@ -282,7 +323,7 @@ class GPT(nn.Module):
             mask = self._causal_rows(write)
         elif mask.shape != (b, t, self.cache_slots):
             raise ValueError(f"mask must have shape {(b, t, self.cache_slots)}, got {tuple(mask.shape)}")
-        return self._cached(self._embed_tokens(tokens, self.token_bias), seq, mask, write)
+        return self._cached(self._embed_tokens(tokens, self.token_bias), seq, mask, write, raw)
 
     def _causal_rows(self, write: Tensor) -> Tensor:
         """Cache slots [B, T] -> the slot-causal mask [B, T, S], rows of the table `causal`."""
@@ -290,13 +331,47 @@ class GPT(nn.Module):
             raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
         return self.causal[write]
 
-    def _cached(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor | None = None) -> Tensor:
+    def _cached(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor | None = None,
+                raw: bool = False) -> Tensor:
         """x [B, T, dim] at sequence slots [B, T] written to cache slots `write` [B, T] (default:
-        `slots`), mask [B, T, S] -> logits [B, T, V]."""
+        `slots`), mask [B, T, S] -> logits [B, T, V] (float, or the weights' dtype when `raw`)."""
         write = slots if write is None else write
         if self.prefix_keep is not None:
             mask = self._mask_prefix(mask, write, self.prefix_keep)
-        return self._layers(x, slots, mask, cache=True, write=write)
+        width = graphs.graph_width(x.shape[1])  # the compiled graph's width (eager: recorded only)
+        if self.compiled:
+            return self._padded(x, slots, mask, write, width, raw)
+        return self._layers(x, slots, mask, cache=True, write=write, raw=raw)
+
+    def _padded(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor, width: int, raw: bool) -> Tensor:
+        """The compiled cached forward at `width` >= T tokens: padded positions repeat the last
+        position's code, write the cache's last slot (the trash slot, which no real query sees) and
+        attend only to it; their outputs are dropped. Masks get False columns up to the cache's
+        width (scratch slots of other decoders, the trash slot)."""
+        b, t = x.shape[:2]
+        kv = self.layers[0].attention.kv_cache.k_cache.shape[2]  # type: ignore[union-attr]
+        if kv <= self.cache_slots:
+            raise RuntimeError("the cache has no trash slot: call setup_cache after compile_cached")
+        first = self.budget is not None and self.budget.note((b, width, kv))
+        start = time.perf_counter()
+        mask = F.pad(mask, (0, kv - mask.shape[-1]))
+        pad = width - t
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad))
+            slots = torch.cat([slots, slots[:, -1:].expand(b, pad)], 1)
+            write = torch.cat([write, write.new_full((b, pad), kv - 1)], 1)
+            trash = torch.zeros(b, pad, kv, dtype=torch.bool, device=mask.device)
+            trash[..., -1] = True
+            mask = torch.cat([mask, trash], 1)
+        logits = self._layers(x, slots, mask, cache=True, write=write, raw=raw)
+        if first:  # a shape met for the first time: compiled (and captured) in this call
+            if logits.is_cuda:
+                torch.cuda.synchronize(logits.device)
+            self.budget.compile_s += time.perf_counter() - start  # type: ignore[union-attr]
+        if pad:
+            self.last_hidden = self.last_hidden[:, :t]  # type: ignore[index]
+            logits = logits[:, :t]
+        return logits
 
     def move_cache(self, src: Tensor, dst: Tensor) -> None:
         """Copy every layer's cached keys/values of slots src [B, A] to slots dst [B, A], row by row

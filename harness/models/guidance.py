@@ -8,6 +8,8 @@ from torch import Tensor
 from harness.api import ARImageModel, Condition
 from harness.models.wrapper import ModelWrapper, forwarded
 
+LOGITS_CHUNK = 256  # positions per chunk of the float mix of wide forwards (Guided._mix)
+
 
 class Guided(ModelWrapper):
     """Wraps an ARImageModel; exposes the same contract at the caller's batch size.
@@ -33,9 +35,21 @@ class Guided(ModelWrapper):
             self.model.setup_cache(2 * batch_size)
 
     def _mix(self, logits: Tensor) -> Tensor:
-        """logits [2B, ...] -> [B, ...]: u + s * (c - u)."""
+        """logits [2B, ...] (any float dtype) -> float [B, ...]: u + s * (c - u). Wide forwards
+        [2B, T, V] are mixed LOGITS_CHUNK positions at a time into one float output, so that only
+        the model's own logits (bf16 for bf16 weights) and the mixed ones are whole: the float copy
+        of both halves and the mix's temporaries exist one chunk at a time. The same element-wise
+        operations on the same values: the tokens do not change."""
         cond, uncond = logits.chunk(2, dim=0)
-        return uncond + self.scale * (cond - uncond)
+        if logits.dim() < 3 or logits.shape[1] <= LOGITS_CHUNK:
+            cond, uncond = cond.float(), uncond.float()
+            return uncond + self.scale * (cond - uncond)
+        out = torch.empty(cond.shape, dtype=torch.float32, device=logits.device)
+        for start in range(0, logits.shape[1], LOGITS_CHUNK):
+            c = cond[:, start:start + LOGITS_CHUNK].float()
+            u = uncond[:, start:start + LOGITS_CHUNK].float()
+            out[:, start:start + LOGITS_CHUNK] = u + self.scale * (c - u)
+        return out
 
     guide = _mix
 
@@ -56,10 +70,11 @@ class Guided(ModelWrapper):
         tokens2 = torch.cat([tokens, tokens])
         pos2 = positions if positions.dim() == 1 else torch.cat([positions, positions])
         mask2 = None if mask is None else torch.cat([mask, mask])
+        raw = {"raw": True} if getattr(self.model, "raw_logits", False) else {}  # mixed to float here
         if slots is None:
-            return self._mix(self.model.forward(tokens2, pos2, mask2))
+            return self._mix(self.model.forward(tokens2, pos2, mask2, **raw))
         slots2 = slots if slots.dim() == 1 else torch.cat([slots, slots])
-        return self._mix(self.model.forward(tokens2, pos2, mask2, slots=slots2))  # type: ignore[call-arg]
+        return self._mix(self.model.forward(tokens2, pos2, mask2, slots=slots2, **raw))  # type: ignore[call-arg]
 
     def move_cache(self, src: Tensor, dst: Tensor) -> None:
         self.model.move_cache(torch.cat([src, src]), torch.cat([dst, dst]))  # type: ignore[attr-defined]

@@ -87,12 +87,14 @@ class TokenImageModel(nn.Module):
     def prefill(self, cond: TextCondition) -> Tensor:
         return self.gpt.prefill(cond.to(self.device))
 
+    raw_logits = True  # `forward(..., raw=True)` returns logits in the weights' dtype (guidance.py)
+
     @torch.inference_mode()
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,  # type: ignore[override]
-                slots: Tensor | None = None) -> Tensor:
+                slots: Tensor | None = None, raw: bool = False) -> Tensor:
         return self.gpt.forward_cached(tokens.to(self.device), positions.to(self.device),
                                        None if mask is None else mask.to(self.device),
-                                       None if slots is None else slots.to(self.device))
+                                       None if slots is None else slots.to(self.device), raw=raw)
 
     @torch.inference_mode()
     def decode(self, tokens: Tensor) -> Tensor:

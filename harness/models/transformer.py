@@ -5,11 +5,15 @@ block. Parameter names follow LlamaGen (`attention.wqkv`, `attention.wo`, `feed_
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.models.gpt_config import GPTConfig
+
+log = logging.getLogger(__name__)
 
 
 class RMSNorm(nn.Module):
@@ -73,30 +77,51 @@ def apply_rope(x: Tensor, table: Tensor) -> Tensor:
 
 class KVCache(nn.Module):
     """Static cache [B, H_kv, S, hd]; `write` puts keys/values at per-row slots [B, T]. Allocate
-    with `KVCache.reuse`, which zeroes and keeps an existing cache of the same shape (one
-    allocation per model and batch size, not one per generate call; the tensors stay at the same
-    addresses, which captured CUDA graphs rely on)."""
+    with `KVCache.reuse`: the cache is a view of a store allocated at the largest (rows, slots) met
+    so far (or reserved up front, GPT.reserve), so a smaller batch or fewer slots zero and reuse the
+    same memory; the store is reallocated only when a larger shape is asked for. The view starts at
+    the store's first element, so the tensors keep their addresses, which captured CUDA graphs rely
+    on."""
 
     def __init__(self, batch: int, n_kv_head: int, slots: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         super().__init__()
         shape = (batch, n_kv_head, slots, head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.k_store = torch.zeros(shape, dtype=dtype, device=device)  # not buffers: `k_cache` is
+        self.v_store = torch.zeros(shape, dtype=dtype, device=device)  # (one tensor, counted once)
+        self.register_buffer("k_cache", self.k_store, persistent=False)
+        self.register_buffer("v_cache", self.v_store, persistent=False)
 
     @classmethod
     def reuse(cls, old: "KVCache | None", batch: int, n_kv_head: int, slots: int, head_dim: int,
               dtype: torch.dtype, device: torch.device) -> "KVCache":
-        """`old` zeroed when it has this shape, dtype and device, else a new zeroed cache. Outside
-        inference mode, so that the cache is an ordinary tensor that compiled code may update."""
+        """A zeroed cache of `batch` rows and `slots` slots: `old` viewed at that shape when its store
+        is large enough (same heads, dtype and device), else `old` (or a new cache) with a store of
+        the larger of both shapes. Outside inference mode, so that the cache is an ordinary tensor
+        that compiled code may update."""
         with torch.inference_mode(False), torch.no_grad():
-            if old is not None and old.k_cache.shape == (batch, n_kv_head, slots, head_dim) \
-                    and old.k_cache.dtype == dtype and old.k_cache.device == torch.device(device) \
-                    and not old.k_cache.is_inference():
-                old.k_cache.zero_()
-                old.v_cache.zero_()
-                return old
-            return cls(batch, n_kv_head, slots, head_dim, dtype, device)
+            cache = old
+            store = None if old is None else old.k_store
+            if store is None or store.shape[1] != n_kv_head or store.shape[3] != head_dim \
+                    or store.dtype != dtype or store.device != torch.device(device) or store.is_inference():
+                cache = cls(batch, n_kv_head, slots, head_dim, dtype, device)
+            elif store.shape[0] < batch or store.shape[2] < slots:
+                rows, width = max(store.shape[0], batch), max(store.shape[2], slots)
+                log.info("KV cache store grows from %s to %s rows x slots (reserve the largest shape up "
+                         "front: GPT.reserve)", tuple(store.shape[::2]), (rows, width))
+                cache.k_store = torch.zeros(rows, n_kv_head, width, head_dim, dtype=dtype, device=device)
+                cache.v_store = torch.zeros_like(cache.k_store)
+            assert cache is not None
+            cache.k_cache = cache.k_store[:batch, :, :slots]  # a contiguous view when slots is the store's
+            cache.v_cache = cache.v_store[:batch, :, :slots]
+            cache.k_cache.zero_()
+            cache.v_cache.zero_()
+            return cache
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """(rows, slots) of the store: the largest cache this one holds without reallocating."""
+        return int(self.k_store.shape[0]), int(self.k_store.shape[2])
 
     def write(self, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """slots [B, T]; k, v [B, H_kv, T, hd]. Returns the full caches (views, not copies)."""
