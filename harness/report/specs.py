@@ -96,6 +96,21 @@ DRAFTER_FORWARDS = MetricSpec("drafter_forwards", "Drafter fwd", "drafter_forwar
 CLIP_SCORE = MetricSpec("clip_score", "CLIP score", "clip_score", decimals=2, definition=(
     "CLIP score of the images for their prompts, mean over images (clip_score)."))
 
+SPEEDUP_VS_LANTERN = MetricSpec("speedup_vs_lantern", "Speed-up vs LANTERN", "speedup_vs_lantern", decimals=2,
+                                suffix="×", definition=(
+    "LANTERN's median decode latency per image divided by the method's, both timed in the same job "
+    "on the same images (speedup_vs_lantern, harness/report/matched.py); [low, high]: its 95% "
+    "bootstrap interval, paired over the timed images and their repeated decodes."))
+GAP_TO_LANTERN = MetricSpec("geneval_gap_vs_lantern", "GenEval gap to LANTERN", "geneval_gap_vs_lantern",
+                            scale=100.0, error=True, definition=(
+    "GenEval of the method minus LANTERN's on the same images, points (geneval_gap_vs_lantern); ± its "
+    "paired standard error (per tag, the per-image differences of the two verdicts)."))
+TIMING_NOISE = MetricSpec("timing_noise", "Timing noise", "timing_noise", decimals=2, higher_is_better=False,
+                          definition=(
+    "share of the timed decodes' time other processes held the CPU or the decoding thread was off it "
+    "(timing_noise; about 0.01 on a quiet machine; above timing.noise_threshold the speed-ups are not "
+    "to be trusted, docs/methodology.md)."))
+
 ALL_METRICS = (SPEEDUP, LATENCY, ACCEPTANCE, STEP_COMPRESSION, TARGET_FORWARDS, DRAFTER_FORWARDS,
                GENEVAL, DPG_BENCH, FID, HPSV2, CLIP_SCORE)
 
@@ -181,7 +196,24 @@ PARALLEL = TableSpec(
          "lower latency at the same τ with almost unchanged metrics.",
 )
 
-TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (MAIN, UPSAMPLING, POOLING, LOCAL, PARALLEL)}
+MATCHED_TABLE = "mulo_at_lantern_geneval"  # the rows harness/report/matched.py derives from the sweeps
+MATCHED_DECODER = "mulo_sd_matched"
+MATCHED = TableSpec(
+    name=MATCHED_TABLE,
+    title="MuLo-SD at LANTERN's GenEval: τ swept, the point closest to LANTERN's GenEval (paper §5)",
+    experiments=(MATCHED_TABLE,),
+    metrics=(SPEEDUP, SPEEDUP_VS_LANTERN, GENEVAL, GAP_TO_LANTERN, TARGET_FORWARDS, TIMING_NOISE),
+    methods=(("raster", "Raster AR"), ("lantern", "LANTERN"), ("mulo_sd", "MuLo-SD"),
+             (MATCHED_DECODER, "MuLo-SD at LANTERN's GenEval")),
+    note="The paper does not give τ: it sweeps τ and reports MuLo-SD where its GenEval is closest to "
+         "LANTERN's, then compares speed (reference/paper.md §5). Rows from experiments matched_quality "
+         "and paper_matched_quality; raster and LANTERN from the chosen τ's job. Equal distances go to the "
+         "higher GenEval, then the larger τ; the label names every τ within one paired standard error "
+         "of LANTERN's GenEval (harness/report/matched.py).",
+)
+
+TABLES: dict[str, TableSpec] = {spec.name: spec for spec in
+                               (MAIN, UPSAMPLING, POOLING, LOCAL, PARALLEL, MATCHED)}
 
 
 def generic_spec(experiment: str) -> TableSpec:

@@ -15,8 +15,10 @@ writes, under --out (default results/paper):
 `python -m harness` writes one run's report with `run_report`: <run dir>/report/index.html shows the
 run's own tables and figures (no index of links), the tables' files under report/tables/.
 
-Tables: main, ablation_upsampling, ablation_pooling, ablation_local, ablation_parallel (see
-harness.report.specs), and a generic table for any other experiment in the store.
+Tables: main, ablation_upsampling, ablation_pooling, ablation_local, ablation_parallel,
+mulo_at_lantern_geneval (MuLo-SD at LANTERN's GenEval, from the matched_quality sweeps:
+harness.report.matched) (see harness.report.specs), and a generic table for any other experiment in
+the store.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from harness.report import html as report
 from harness.report.paper_reference import load_paper_numbers
 from harness.report.build import Table, build_table
 from harness.report.cells import with_derived_speedup
+from harness.report.matched import with_matched_quality
 from harness.report.render import FORMATS, to_html, to_markdown
 from harness.report.specs import TABLES, spec_for, tables_help
 from harness.store.samples import write_atomic
@@ -76,7 +79,7 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
                figures: bool = True, pages: bool = True, paper_rows: bool = True,
                grid_images: int = 6) -> Regenerated:
     """Build and write the tables (and figures and reports) of the runs under `dirs` into `out`."""
-    frame = with_derived_speedup(summary.load(dirs))
+    frame = with_matched_quality(with_derived_speedup(summary.load(dirs)))
     facts = load_paper_numbers()
     done = Regenerated()
     for name in choose_tables(frame, requested):
@@ -147,7 +150,7 @@ def run_report(run_dir: Path, out: Path, figures: bool = True, grid_images: int 
         FileNotFoundError: the run has no summary.csv (its evaluate stage did not run).
     """
     done = regenerate([run_dir], out, figures=False, pages=False, paper_rows=False)
-    frame = with_derived_speedup(summary.load([run_dir]))
+    frame = with_matched_quality(with_derived_speedup(summary.load([run_dir])))
     facts = load_paper_numbers()
     sections = [section for table in done.tables
                 for section in table_sections(frame, facts, table, done.table_files, out, figures, grid_images)]
