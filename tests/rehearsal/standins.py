@@ -242,7 +242,8 @@ near next is are there small large big""".replace("\n", " ")
 
 def question_graph(path: Path, items: int = 4) -> Path:
     """A DPG-Bench-format question graph for the first `items` prompts (the official dpg_bench.csv is
-    not on this machine, so its pinned download cannot be served)."""
+    not on this machine, so its pinned download cannot be served). A dependency column holding
+    "1,2" keeps it text when pandas reads it, as the official script needs."""
     import csv
 
     header = ["item_id", "text", "keywords", "proposition_id", "dependency", "category_broad",
@@ -254,4 +255,6 @@ def question_graph(path: Path, items: int = 4) -> Path:
             writer.writerow([item, "", "", 1, "0", "entity", "whole", "entity - whole (thing)", "Is there a thing?"])
             writer.writerow([item, "", "", 2, "1", "attribute", "color", "attribute - color (thing, red)",
                              "Is the thing red?"])
+            writer.writerow([item, "", "", 3, "1,2", "relation", "spatial", "relation - spatial (thing, table, on)",
+                             "Is the red thing on a table?"])  # as in the real graph, some rows name two parents
     return path
