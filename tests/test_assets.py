@@ -93,3 +93,12 @@ def test_unreachable_mirror_names_it(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     monkeypatch.setenv("MULO_BENCH_CACHE", str(tmp_path))
     with pytest.raises(AssetError, match=r"127.0.0.1:9/m/raw.example.org.*check that the mirror"):
         UrlFile("a file", Pinned(name="file.txt", url=URL)).entries()
+
+
+def test_fetch_with_the_hub_offline_says_to_unset_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(AssetError, match="HF_HUB_OFFLINE is set, and fetching needs the network: unset it"):
+        HubFiles("a model", "org/model", ("config.json",), str(tmp_path)).entries()

@@ -12,6 +12,7 @@ the files not on this machine) and `download()`.
 from __future__ import annotations
 
 import logging
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -93,9 +94,10 @@ class HubFiles:
         try:
             infos = self._snapshot(dry_run=True)
         except Exception as err:  # noqa: BLE001 - network, missing repo, offline: reported alike
+            hint = ("HF_HUB_OFFLINE is set, and fetching needs the network: unset it" if hub_offline()
+                    else "check the network or HF_ENDPOINT")
             raise AssetError(f"{self.what}: cannot list the Hugging Face repo {self.repo} ({type(err).__name__}: "
-                             f"{_first_line(err)}); check the network or HF_ENDPOINT, or fetch it by hand with "
-                             f"`{self.command()}`") from err
+                             f"{_first_line(err)}); {hint}, or fetch it by hand with `{self.command()}`") from err
         names = [info.filename for info in infos]
         absent = [p for p in self.needed if p not in names]
         if absent:
@@ -211,6 +213,11 @@ class ModelScopeModel:
 
     def command(self) -> str:
         return f"modelscope download --model {self.model_id}"
+
+
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE forbids the hub client the network."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _has_wildcard(pattern: str) -> bool:

@@ -10,14 +10,13 @@ downloads the rest; `offline_missing` is the check, before generation, that a jo
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
 from harness.api import InputError
-from harness.assets.asset import Asset, Entry, HubFiles
+from harness.assets.asset import Asset, Entry, HubFiles, hub_offline
 
 log = logging.getLogger(__name__)
 for _client in ("httpx", "httpx2"):  # the hub client's HTTP library logs every request at INFO
@@ -35,7 +34,7 @@ class MissingAssetsError(InputError, FileNotFoundError):
 def offline() -> bool:
     """Whether this process must not download (HF_HUB_OFFLINE set to a true value): the one switch
     that keeps hub files and the harness's own downloads off the network."""
-    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return hub_offline()
 
 
 def repo_of(model: DictConfig, key: str) -> str:
