@@ -39,9 +39,10 @@ from PIL import Image
 from evaluators.dpg_bench import (IMAGES_PER_PROMPT, PER_SAMPLE_COLUMNS, _failed_row, _scored_row,
                                   load_official_questions, make_grid, official_categories)
 from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, OfficialEnvError, OfficialOutputError,
-                                     file_digest, fresh, given, open_env, run_script, sync_export, text_digest,
+                                     fresh, given, open_env, run_script, sync_export, text_digest,
                                      unset_keys, work_dir)
 from harness.api import EvalResult, checked_number, metric_rows
+from harness.datasets.downloads import sha256_file
 from harness.datasets.downloads import verify
 from harness.datasets.official import DPG_QUESTIONS
 from harness.store.samples import SampleSet
@@ -206,7 +207,7 @@ def grid_item(samples: SampleSet, sample_ids: Sequence[str]) -> ExportItem:
         buffer = io.BytesIO()
         Image.fromarray(make_grid([samples.load_image(s) for s in sample_ids])).save(buffer, format="PNG")
         return buffer.getvalue()
-    return ExportItem(text_digest(*(file_digest(samples.image_path(s)) for s in sample_ids)), content)
+    return ExportItem(text_digest(*(sha256_file(samples.image_path(s)) for s in sample_ids)), content)
 
 
 def read_results(path: Path) -> DPGOutput:

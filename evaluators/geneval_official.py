@@ -33,9 +33,10 @@ import pandas as pd
 from evaluators.geneval import PER_SAMPLE_COLUMNS, geneval_metadata
 from evaluators.geneval_rules import summarize
 from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, OfficialEnvError, OfficialOutputError,
-                                     file_digest, fresh, given, open_env, run_script, sync_export, text_digest,
+                                     fresh, given, open_env, run_script, sync_export, text_digest,
                                      unset_keys, work_dir)
 from harness.api import EvalResult
+from harness.datasets.downloads import sha256_file
 from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ def export_items(samples: SampleSet, sample_ids: Sequence[str], places: Sequence
 
 def _copy_of(path: Path) -> ExportItem:
     """An export item holding the bytes of `path`."""
-    return ExportItem(file_digest(path), lambda: path.read_bytes())
+    return ExportItem(sha256_file(path), lambda: path.read_bytes())
 
 
 def read_results(path: Path, samples: Mapping[str, str], tags: Mapping[str, str]) -> dict[str, dict[str, Any]]:

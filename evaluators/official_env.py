@@ -214,15 +214,6 @@ class ExportItem:
     content: Callable[[], bytes]
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes (hex)."""
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
 def text_digest(*parts: str) -> str:
     """sha256 (hex) of the parts, each ended by a newline."""
     return hashlib.sha256("".join(f"{p}\n" for p in parts).encode("utf-8")).hexdigest()

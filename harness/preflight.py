@@ -20,7 +20,6 @@ seconds, before hours of generation:
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +27,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness.api import ConfigValueError, InputError, Prompt
+from harness.assets.asset import hub_offline
 from harness.assets.fetching import WEIGHT_KEYS, repo_of
 from harness.shapes.captions import quoted
 
@@ -241,8 +241,7 @@ def missing_weights(model: DictConfig) -> list[str]:
     if not files or model.get("random_init") or not (model.get("repo_id") or model.get("tatok_repo")):
         return []
     local = model.get("local_dir")
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false")
-    if not local and not offline:
+    if not local and not hub_offline():
         return []
     missing = []
     for key, file in files:

@@ -71,6 +71,8 @@ def test_hub_listing_sizes_patterns_and_a_missing_file(monkeypatch: pytest.Monke
         monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
         import huggingface_hub.constants as constants
 
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read at import: an earlier test may have set it
         monkeypatch.setattr(constants, "ENDPOINT", hub.url)
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
         asset = HubFiles("a model", "org/model", ("config.json", "*.safetensors"), str(tmp_path / "cache"))

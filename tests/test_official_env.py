@@ -31,6 +31,7 @@ from evaluators.geneval_rules import summarize
 from evaluators.official_env import OfficialEnvError, OfficialOutputError, OfficialScriptError
 from harness.api import Prompt
 from harness.store.samples import SampleSet, plan
+from tests.test_dpg_bench import HEADER
 
 
 def fabricated_verdict(meta: dict[str, Any], red: int) -> bool:
@@ -412,8 +413,6 @@ with open(args.res_path, "a") as f:
 print(output)
 '''
 
-DPG_HEADER = ["item_id", "text", "keywords", "proposition_id", "dependency", "category_broad",
-              "category_detailed", "tuple", "question_natural_language"]
 # The first data row is dropped by the script (its quirk); item c depends on an unknown question and fails.
 DPG_ROWS = [
     ("z", 1, "0", "entity - whole (owl)", "Is there an owl?"),
@@ -439,7 +438,7 @@ def dpg_repo(root: Path, mode: str = "ok") -> Path:
         DPG_SCRIPT.format(mode=mode, answer=inspect.getsource(fabricated_answer)))
     with open(folder / "dpg_bench.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(DPG_HEADER)
+        writer.writerow(HEADER)
         for item, pid, dep, tup, question in DPG_ROWS:
             writer.writerow([item, "text", "kw", pid, dep, tup.split(" - ")[0], tup.split("(")[0], tup, question])
     return root / "ella"

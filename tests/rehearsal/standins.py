@@ -246,11 +246,10 @@ def question_graph(path: Path, items: int = 4) -> Path:
     "1,2" keeps it text when pandas reads it, as the official script needs."""
     import csv
 
-    header = ["item_id", "text", "keywords", "proposition_id", "dependency", "category_broad",
-              "category_detailed", "tuple", "question_natural_language"]
+    from tests.test_dpg_bench import HEADER
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(header)
+        writer.writerow(HEADER)
         for item in range(items):
             writer.writerow([item, "", "", 1, "0", "entity", "whole", "entity - whole (thing)", "Is there a thing?"])
             writer.writerow([item, "", "", 2, "1", "attribute", "color", "attribute - color (thing, red)",
