@@ -174,7 +174,7 @@ def plan(cfg: DictConfig) -> Plan:
     unavailable = {str(k): str(v) for k, v in (cfg.get("unavailable") or {}).items()}
     for name in rows or []:
         if name not in decoders and name not in skipped:
-            skipped[name] = unavailable.get(name, "no such decoder config")
+            skipped[name] = unavailable.get(name, _unselected_row(name))
     problems = {n: unavailable[n] for n in decoders if n in unavailable}
     problems |= {
         n: p
@@ -198,6 +198,12 @@ def plan(cfg: DictConfig) -> Plan:
         evaluators=[n for n in evaluators if n not in problems],
         skipped=skipped,
     )
+
+
+def _unselected_row(name: str) -> str:
+    """Why a row of `rows_by_model` that is not among the job's decoders is skipped."""
+    return (f"a row of this table that is not among the job's decoders; add {name} to decoder=[...] to run "
+            f"it (its config: conf/decoder/{name}.yaml)")
 
 
 def check(cfg: DictConfig) -> Plan:

@@ -45,6 +45,7 @@ OFFICIAL_DATASET_PATHS = {
     "coco5k": ("captions", "coco/captions_val2017.json"),
     "geneval": ("metadata", "geneval/evaluation_metadata.jsonl"),
     "dpg_bench": ("prompts", "dpg_bench/prompts"),
+    "parti": ("path", "parti/PartiPrompts.tsv"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The official prompt sets: MS-COCO 2017 val 5k captions, GenEval, DPG-Bench.
+"""The official prompt sets: MS-COCO 2017 val 5k captions, GenEval, DPG-Bench, PartiPrompts.
 
 Each loader is a `_target_` of a `conf/dataset/*.yaml` file and returns list[Prompt]. Files come
 from a local path when one is given (hash-checked unless `verify=False`), else from the pinned
@@ -55,6 +55,15 @@ DPG_PROMPT_URL = f"https://raw.githubusercontent.com/TencentQQGYLab/ELLA/{DPG_CO
 DPG_PROMPTS_DIGEST = "bec000a9a27b0f46c66a32414fb3bc0c4a1e71ecc1a8467a18a1a1d38612b279"
 DPG_PROMPTS = 1065
 GENEVAL_PROMPTS = 553
+PARTI_PROMPTS_FILE = Pinned(
+    name="PartiPrompts.tsv",
+    url="https://raw.githubusercontent.com/google-research/parti/5a657978134374ce28973948331b319adef164bd/"
+        "PartiPrompts.tsv",
+    sha256="fab29e41bb512a169b56acab4cf2a41dcb675e285df2efcde6640c7dd3c440eb",
+    what="PartiPrompts (P2) PartiPrompts.tsv @5a65797",
+)
+PARTI_HEADER = ("Prompt", "Category", "Challenge", "Note")
+PARTI_PROMPTS = 1632
 
 
 # ---------------------------------------------------------------------------------------------- COCO
@@ -254,6 +263,66 @@ def _download_dpg_prompts(questions_csv: Path) -> dict[str, str]:
     lines = "".join(json.dumps({"item_id": k, "prompt": v}, ensure_ascii=False) + "\n" for k, v in items.items())
     write_atomic(cached, lines.encode("utf-8"))
     return items
+
+
+# --------------------------------------------------------------------------------------- PartiPrompts
+
+
+def parti(path: str | None = None, limit: int | None = None, verify: bool = True) -> list[Prompt]:
+    """PartiPrompts (Yu et al., 2022): 1,632 prompts over 12 categories and 11 challenge aspects.
+
+    The prompt set on which SJD, SJD-PAC, GSD and SCD report their speed-ups; it has no reference
+    images, so FID is not defined on it (CLIP score is).
+
+    Args:
+        path: local `PartiPrompts.tsv` (None: download the pinned copy).
+        limit: keep the first N prompts.
+        verify: check the local file's sha256 (off for an edited or extended prompt list in the
+            same format).
+
+    Order: file order. Prompt id "parti/<NNNNN>" (N = row index after the header); text = the
+    Prompt column exactly as written (no CSV unquoting: a prompt that starts with a quote keeps it);
+    meta {"category", "challenge", "note"}.
+    """
+    source = resolve(PARTI_PROMPTS_FILE, path, check=verify)
+    prompts = [Prompt(id=f"parti/{index:05d}", text=text, meta=meta)
+               for index, (text, meta) in enumerate(read_parti_rows(source))]
+    if verify and len(prompts) != PARTI_PROMPTS:
+        log.warning("parti: %s has %d prompts, the official set has %d", source, len(prompts), PARTI_PROMPTS)
+    log.info("parti: %d prompts from %s", len(prompts), source)
+    return select(prompts, limit)
+
+
+def read_parti_rows(path: Path) -> list[tuple[str, dict[str, str]]]:
+    """(prompt text, {category, challenge, note}) of every row of a PartiPrompts TSV file.
+
+    Raises:
+        PromptFileError: not UTF-8, a header other than PARTI_HEADER, a row without 4 tab-separated
+            fields, an empty prompt, or no row at all; the message names path:line and the fix.
+    """
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise PromptFileError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); use an "
+                              "unmodified PartiPrompts.tsv") from err
+    if not lines or tuple(lines[0].split("\t")) != PARTI_HEADER:
+        found = lines[0][:80] if lines else "an empty file"
+        raise PromptFileError(f"{path}:1: expected the PartiPrompts header, tab-separated "
+                              f"{list(PARTI_HEADER)}, found {found!r}; give the PartiPrompts.tsv of "
+                              "google-research/parti (or leave dataset.path unset to download it)")
+    rows = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(PARTI_HEADER) or not fields[0].strip():
+            raise PromptFileError(f"{path}:{lineno}: a PartiPrompts row needs {len(PARTI_HEADER)} tab-separated "
+                                  f"fields {list(PARTI_HEADER)} with a non-empty Prompt, found "
+                                  f"{len(fields)} fields: {line[:80]!r}")
+        rows.append((fields[0], {"category": fields[1], "challenge": fields[2], "note": fields[3]}))
+    if not rows:
+        raise PromptFileError(f"{path} holds no PartiPrompts row after its header")
+    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any]:
