@@ -23,11 +23,11 @@ HIGHER = {"latency_s": False, "fid": False}
 
 
 def row(experiment: str, model: str, decoder: str, metric: str, value: float, subset: str = "all",
-        k: int | None = None, tau: float | None = None) -> dict:
+        k: int | None = None, tau: float | None = None, dataset: str = "coco") -> dict:
     """One summary.csv row (speed metrics from evaluator speed, quality from its namesake)."""
     evaluator = "speed" if metric in {"latency_s", "acceptance_rate", "speedup_vs_raster", "step_compression"} \
         else metric
-    return {"experiment": experiment, "model": model, "decoder": decoder, "dataset": "coco", "evaluator": evaluator,
+    return {"experiment": experiment, "model": model, "decoder": decoder, "dataset": dataset, "evaluator": evaluator,
             "evaluator_version": "1", K: k, TAU: tau, "metric": metric, "subset": subset, "value": value,
             "stderr": None, "n": 8, "higher_is_better": HIGHER.get(metric, True)}
 
@@ -84,6 +84,39 @@ def build_store(root: Path) -> Path:
         if acceptance is not None:
             local.append(row("ablation_local", "shapes", decoder, "acceptance_rate", acceptance))
     write_summary(results / "ablation_local" / "2026-01-04_07-00-00", local)
+    return results
+
+
+def field_rows(dataset: str, latency: dict[str, float], steps: dict[str, float],
+               quality: dict[str, dict[str, float]]) -> list[dict]:
+    """An experiment-field job on llamagen_xl_512 under one protocol (`dataset`): latency, the
+    speed-up run.py adds, step compression, and per decoder its quality metrics ({metric: value})."""
+    rows = []
+    for decoder, seconds in latency.items():
+        rows += [row("field", "llamagen_xl_512", decoder, "latency_s", seconds, dataset=dataset),
+                 row("field", "llamagen_xl_512", decoder, "speedup_vs_raster", latency["raster"] / seconds,
+                     dataset=dataset),
+                 row("field", "llamagen_xl_512", decoder, "step_compression", steps[decoder], dataset=dataset)]
+        rows += [row("field", "llamagen_xl_512", decoder, metric, value, dataset=dataset)
+                 for metric, value in quality.get(decoder, {}).items()]
+    return rows
+
+
+def build_field_store(root: Path) -> Path:
+    """Experiment field on llamagen_xl_512 under its three protocols (COCO 2017, PartiPrompts,
+    GenEval), each a run of its own; return the results folder."""
+    results = root / "results"
+    write_summary(results / "field" / "2026-02-01_10-00-00", field_rows(
+        "coco5k", {"raster": 20.0, "sjd": 10.0, "sjd_pac": 5.0, "mulo_sd": 8.0},
+        {"raster": 1.0, "sjd": 2.2, "sjd_pac": 4.5, "mulo_sd": 3.0},
+        {"raster": {"fid": 30.5, "clip_score": 31.2}, "sjd": {"fid": 30.9, "clip_score": 31.1},
+         "sjd_pac": {"fid": 30.7, "clip_score": 31.3}, "mulo_sd": {"fid": 31.8, "clip_score": 30.9}}))
+    write_summary(results / "field" / "2026-02-02_10-00-00", field_rows(
+        "parti", {"raster": 20.0, "sjd_pac": 4.0}, {"raster": 1.0, "sjd_pac": 4.6},
+        {"raster": {"clip_score": 32.0}, "sjd_pac": {"clip_score": 32.1}}))
+    write_summary(results / "field" / "2026-02-03_10-00-00", field_rows(  # batched quality run: other speeds
+        "geneval", {"raster": 2.0, "mulo_sd": 1.9}, {"raster": 1.0, "mulo_sd": 1.5},
+        {"raster": {"geneval": 0.36}, "mulo_sd": {"geneval": 0.35}}))
     return results
 
 

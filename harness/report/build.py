@@ -2,7 +2,9 @@
 
 Rows come from the results (model, decoder, swept keys) and, for tables the paper reports numbers
 for, from the paper's facts too, so a method the results do not cover still shows the paper's value
-next to a marked empty cell. Nothing is filled in: a cell is a measured value or None.
+next to a marked empty cell. The field's tables (TableSpec.published_rows) show the published facts
+as rows of their own, before the harness's. Nothing is filled in: a cell is a measured or published
+value, or None.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class Row:
     model_label: str
     method_label: str
     cells: dict[str, Cell]
+    published: bool = False  # a row of published numbers (each cell's `paper`), not of the results
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,8 @@ def build_table(frame: pd.DataFrame, spec: TableSpec, facts: pd.DataFrame, paper
         paper_rows: also add the paper's (model, method) rows that the results do not cover.
     """
     cells, swept = select_cells(frame, spec.experiments, spec.metrics)
-    paper = facts[facts["table"] == spec.paper_table] if spec.paper_table else facts.iloc[:0]
+    published = facts[facts["table"] == spec.paper_table] if spec.paper_table else facts.iloc[:0]
+    paper = published.iloc[:0] if spec.published_rows else published  # the facts beside our values
     keys = _row_keys(cells, swept, paper, paper_rows)
     keys = _ordered(keys, spec, list(paper["model"].drop_duplicates()), list(paper["decoder"].drop_duplicates()))
     metrics = spec.metrics
@@ -92,7 +96,27 @@ def build_table(frame: pd.DataFrame, spec: TableSpec, facts: pd.DataFrame, paper
             cells={m.key: _cell(cells, swept, (model, decoder, *values), m.key, paper) for m in metrics})
         for model, decoder, *values in keys
     )
-    return Table(spec=spec, metrics=metrics, swept=tuple(swept), rows=rows, with_paper=spec.paper_table is not None)
+    if spec.published_rows and paper_rows:
+        rows = published_rows(spec, published, metrics, len(swept)) + rows
+    return Table(spec=spec, metrics=metrics, swept=tuple(swept), rows=rows,
+                 with_paper=spec.paper_table is not None and not spec.published_rows)
+
+
+def published_rows(spec: TableSpec, facts: pd.DataFrame, metrics: tuple[MetricSpec, ...], swept: int) -> tuple[Row, ...]:
+    """One row per published (model, decoder) of `facts` (one table's): models in the facts' order,
+    methods in the spec's order; each cell's `paper` holds the published value and `source` where it
+    was read (None where the publication reports none)."""
+    bases, methods = paper_labels(facts, str(spec.paper_table))
+    pairs = list(dict.fromkeys(zip(facts["model"], facts["decoder"])))
+    order = [d for d, _ in spec.methods]
+    models = list(dict.fromkeys(m for m, _ in pairs))
+    pairs.sort(key=lambda p: (models.index(p[0]), order.index(p[1]) if p[1] in order else len(order)))
+    return tuple(
+        Row(model=model, decoder=decoder, swept=(None,) * swept, model_label=f"{bases[model]} (published)",
+            method_label=methods[(model, decoder)], published=True,
+            cells={m.key: _fact_cell(facts, model, decoder, m.key) for m in metrics})
+        for model, decoder in pairs
+    )
 
 
 def _row_keys(cells: pd.DataFrame, swept: list[str], paper: pd.DataFrame, paper_rows: bool) -> list[tuple]:
@@ -133,6 +157,14 @@ def _cell(cells: pd.DataFrame, swept: list[str], key: tuple, metric: str, paper:
     if not fact.empty:
         found.update(paper=float(fact["value"].iloc[0]), source=str(fact["source"].iloc[0]))
     return Cell(**found)
+
+
+def _fact_cell(facts: pd.DataFrame, model: str, decoder: str, metric: str) -> Cell:
+    """A published value as a Cell (`paper` and `source`; empty where not reported)."""
+    fact = facts[(facts["model"] == model) & (facts["decoder"] == decoder) & (facts["metric"] == metric)]
+    if fact.empty:
+        return Cell()
+    return Cell(paper=float(fact["value"].iloc[0]), source=str(fact["source"].iloc[0]))
 
 
 def _method_label(spec: TableSpec, model: str, decoder: str, paper_methods: dict[tuple[str, str], str]) -> str:

@@ -86,6 +86,8 @@ def select_cells(frame: pd.DataFrame, experiments: Sequence[str],
     parts = []
     for spec in metrics:
         chosen = rows[(rows["metric"] == spec.metric) & (rows["subset"].astype(str) == spec.subset)]
+        if spec.dataset is not None:
+            chosen = chosen[chosen["dataset"].astype(str) == spec.dataset] if "dataset" in chosen else chosen.iloc[:0]
         if chosen.empty:
             continue
         chosen = _newest(chosen, keys, spec.metric)

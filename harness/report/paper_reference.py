@@ -1,7 +1,9 @@
-"""The paper's reported numbers as a fact table (harness/data/paper_numbers.csv, see SOURCE.md there).
+"""Published numbers as fact tables: the MuLo-SD paper's (harness/data/paper_numbers.csv) and the
+field's, the numbers other methods' papers and repositories publish (harness/data/field_numbers.csv);
+see SOURCE.md there.
 
-One row per (table, model, decoder, metric) with the paper's row labels and the source of the value,
-so every number printed beside a regenerated one can be traced to the paper's table.
+One row per (table, model, decoder, metric) with the publication's row labels and the source of the
+value, so every number printed beside a regenerated one can be traced to where it was read.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 PAPER_NUMBERS = Path(__file__).resolve().parents[1] / "data" / "paper_numbers.csv"
+FIELD_NUMBERS = PAPER_NUMBERS.with_name("field_numbers.csv")
 FACT_COLUMNS = ("table", "base", "method", "model", "decoder", "metric", "value", "unit", "source")
 FACT_KEY = ("table", "model", "decoder", "metric")
 
@@ -24,6 +27,20 @@ def load_paper_numbers(path: Path | str = PAPER_NUMBERS) -> pd.DataFrame:
             give the same (table, model, decoder, metric).
     """
     return _load(str(Path(path).resolve())).copy()
+
+
+def load_facts() -> pd.DataFrame:
+    """Every published number the tables show: the paper's facts, then the field's (FACT_COLUMNS).
+
+    Raises:
+        ValueError: as load_paper_numbers, or both files give the same fact.
+    """
+    facts = pd.concat([load_paper_numbers(PAPER_NUMBERS), load_paper_numbers(FIELD_NUMBERS)], ignore_index=True)
+    duplicated = facts[facts.duplicated(list(FACT_KEY), keep=False)]
+    if not duplicated.empty:
+        raise ValueError(f"{PAPER_NUMBERS.name} and {FIELD_NUMBERS.name} both give the fact "
+                         f"{duplicated.iloc[0][list(FACT_KEY)].to_dict()}")
+    return facts
 
 
 @lru_cache(maxsize=4)
@@ -56,4 +73,5 @@ def paper_labels(facts: pd.DataFrame, table: str) -> tuple[dict[str, str], dict[
     return bases, methods
 
 
-__all__ = ["FACT_COLUMNS", "FACT_KEY", "PAPER_NUMBERS", "load_paper_numbers", "paper_labels"]
+__all__ = ["FACT_COLUMNS", "FACT_KEY", "FIELD_NUMBERS", "PAPER_NUMBERS", "load_facts", "load_paper_numbers",
+           "paper_labels"]

@@ -83,11 +83,11 @@ def key_cells(table: Table, row: Row, previous: Row | None) -> list[str]:
 
 
 def value_cells(table: Table, row: Row, missing: str = MISSING) -> list[str]:
-    """Per metric: ours [, paper, Δ]."""
+    """Per metric: ours [, paper, Δ]; a published row's value (cell.paper) in a field table."""
     out: list[str] = []
     for metric in table.metrics:
         cell = row.cells[metric.key]
-        out.append(format_ours(cell, metric, missing))
+        out.append(format_value(cell.paper, metric, missing) if row.published else format_ours(cell, metric, missing))
         if table.with_paper:
             out += [format_value(cell.paper, metric, missing), format_delta(shown_delta(cell, metric), metric, missing)]
     return out
@@ -201,7 +201,7 @@ def to_html(table: Table) -> str:
     for row, previous in zip(table.rows, (None, *table.rows[:-1])):
         cells = [f"<td>{html.escape(c)}</td>" for c in key_cells(table, row, previous)]
         for metric in table.metrics:
-            cells += _html_cells(row.cells[metric.key], metric, table.with_paper)
+            cells += _html_cells(row.cells[metric.key], metric, table.with_paper, row.published)
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     out += [f'<p class="note">{html.escape(line)}</p>' for line in notes(table)]
@@ -218,9 +218,11 @@ def to_csv(table: Table) -> str:
     for row in table.rows:
         record: dict[str, Any] = {"model": row.model, "decoder": row.decoder, "model_label": row.model_label,
                                   "method_label": row.method_label, **dict(zip(table.swept, row.swept))}
+        if table.spec.published_rows:
+            record["published"] = row.published
         for metric in table.metrics:
             cell = row.cells[metric.key]
-            record[metric.key] = cell.ours
+            record[metric.key] = cell.paper if row.published else cell.ours
             if metric.key in with_ci:
                 record[f"{metric.key}_ci_low"], record[f"{metric.key}_ci_high"] = cell.ci_low, cell.ci_high
             if table.with_paper:
@@ -232,6 +234,7 @@ def to_csv(table: Table) -> str:
 def to_sources_csv(table: Table) -> str:
     """One line per (row, metric): every shown value with the run or paper row it comes from."""
     records = [{"table": table.spec.name, "model": row.model, "decoder": row.decoder,
+                **({"published": row.published} if table.spec.published_rows else {}),
                 **dict(zip(table.swept, row.swept)), "metric": metric.key, "ours": cell.ours,
                 "ours_stderr": cell.stderr, "ours_ci_low": cell.ci_low, "ours_ci_high": cell.ci_high,
                 "n": cell.n, "paper": cell.paper, "delta": cell.delta,
@@ -240,11 +243,16 @@ def to_sources_csv(table: Table) -> str:
     return _csv(records)
 
 
-def _html_cells(cell: Cell, metric: MetricSpec, with_paper: bool) -> list[str]:
-    """<td>s of one metric: ours [, paper, Δ]."""
+def _html_cells(cell: Cell, metric: MetricSpec, with_paper: bool, published: bool = False) -> list[str]:
+    """<td>s of one metric: ours [, paper, Δ]; a published row's value, titled with its source."""
     def td(text: str, css: str = "") -> str:
         css = "missing" if text == MISSING else css
         return f'<td class="{css}">{html.escape(text)}</td>' if css else f"<td>{html.escape(text)}</td>"
+
+    if published:
+        tip = f' title="{html.escape(cell.source)}"' if cell.source else ""
+        return [td(format_value(cell.paper, metric)) if cell.paper is None
+                else f'<td class="paper"{tip}>{html.escape(format_value(cell.paper, metric))}</td>']
 
     out = [td(format_ours(cell, metric))]
     if with_paper:

@@ -7,7 +7,7 @@ their config name, after the listed ones.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MISSING = "—"
 
@@ -21,6 +21,8 @@ class MetricSpec:
     scale: factor from the harness's unit to the shown unit (GenEval fraction -> percent).
     error: show the value's standard error ("value ± stderr") where the results give one.
     definition: what the column holds, in the shown unit (the report's legend and header tooltip).
+    dataset: take the value only from rows of this prompt set (summary.csv `dataset`; None: any), for
+        tables whose columns come from different protocols (the field's: speed on one, GenEval on another).
     """
 
     key: str
@@ -33,6 +35,7 @@ class MetricSpec:
     suffix: str = ""
     error: bool = False
     definition: str = ""
+    dataset: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,9 @@ class TableSpec:
     paper_table: the `table` of the paper's facts shown beside ours (None: the paper has no numbers).
     note: what the paper concludes (shown under the table).
     drop_empty_metrics: leave out metric columns no row has a value for (generic tables).
+    published_rows: the facts of `paper_table` are rows of their own (their models are not the
+        harness's: the field's methods publish on Lumina-mGPT and Emu3), shown before the harness's
+        rows in one column per metric, instead of a paper column and Δ beside each of our values.
     """
 
     name: str
@@ -55,6 +61,7 @@ class TableSpec:
     paper_table: str | None = None
     note: str = ""
     drop_empty_metrics: bool = False
+    published_rows: bool = False
 
 
 SPEEDUP = MetricSpec("speedup", "Speed-up", "speedup_vs_raster", decimals=2, suffix="×", definition=(
@@ -124,6 +131,11 @@ METHOD_LABELS = {
     "zipar": "ZipAR",
     "zipar_w4": "ZipAR (window 4)",
     "mulo_sd": "MuLo-SD",
+    "sjd_pac": "SJD-PAC",
+    "scd": "SCD",
+    "gsd": "GSD",
+    "lantern_pp": "LANTERN++",
+    "sjd_entropy": "SJD + entropy-aware acceptance",
 }
 MODEL_LABELS = {"shapes": "Shapes (embedded)", "shapes_x2": "Shapes x2 (embedded, 32x32)", "random": "Random (smoke)"}
 SWEPT_LABELS = {"tau": "τ", "k": "k", "radius": "l", "delta": "δ", "window": "window"}
@@ -212,8 +224,37 @@ MATCHED = TableSpec(
          "of LANTERN's GenEval (harness/report/matched.py).",
 )
 
+FIELD_METHODS = (("raster", "Raster AR"), ("sjd", "SJD"), ("sjd_pac", "SJD-PAC"), ("scd", "SCD"), ("gsd", "GSD"),
+                 ("lantern_pp", "LANTERN++"), ("sjd_entropy", "SJD + entropy-aware acceptance"),
+                 ("eagle2", "EAGLE-2"), ("lantern", "LANTERN"), ("zipar", "ZipAR-16"), ("mulo_sd", "MuLo-SD"))
+FIELD_NOTE = ("Published rows (model marked \"published\"): the numbers SJD-PAC's README reports on Lumina-mGPT and "
+              "Emu3, each with its source in harness/data/field_numbers.csv and the sources CSV; the methods' own "
+              "papers (GSD, SCD, LANTERN++) are not transcribed. Harness rows: this harness's runs of experiment "
+              "field; published and harness rows run different models, so compare ratios (Step, Latency), not "
+              "absolute FID or CLIP across them. GenEval: the harness rows' protocol=geneval run (docs/field.md).")
+
+
+def field_spec(name: str, dataset: str, benchmark: str) -> TableSpec:
+    """A field table on one benchmark: SJD-PAC's columns (step compression, latency speed-up, FID,
+    CLIP) from the field runs on `dataset`, plus GenEval from the protocol=geneval run."""
+    step = replace(STEP_COMPRESSION, label="Step", suffix="×", dataset=dataset, definition=(
+        "step compression: an image's tokens over its target forwards (raster AR 1.00×; step_compression)."))
+    latency = replace(SPEEDUP, label="Latency", dataset=dataset, definition=(
+        "latency speed-up: raster AR's median decode latency per image over the method's, both timed at "
+        "batch 1 in the same run (speedup_vs_raster), as SJD-PAC's Latency column."))
+    quality = (replace(FID, decimals=2, dataset=dataset), replace(CLIP_SCORE, label="CLIP", dataset=dataset, definition=(
+        "CLIP score, 100 × cosine of image and prompt, mean over images (clip_score; the field protocols use "
+        "OpenAI's ViT-B/16 as SJD-PAC does).")))
+    return TableSpec(name=name, title=f"The field beside MuLo-SD on {benchmark} (SJD-PAC's layout)",
+                     experiments=("field",), metrics=(step, latency, *quality, replace(GENEVAL, dataset="geneval")),
+                     methods=FIELD_METHODS, paper_table=name, note=FIELD_NOTE, published_rows=True)
+
+
+FIELD_COCO = field_spec("field_coco", "coco5k", "MS-COCO 2017")
+FIELD_PARTI = field_spec("field_parti", "parti", "PartiPrompts")
+
 TABLES: dict[str, TableSpec] = {spec.name: spec for spec in
-                               (MAIN, UPSAMPLING, POOLING, LOCAL, PARALLEL, MATCHED)}
+                               (MAIN, UPSAMPLING, POOLING, LOCAL, PARALLEL, MATCHED, FIELD_COCO, FIELD_PARTI)}
 
 
 def generic_spec(experiment: str) -> TableSpec:

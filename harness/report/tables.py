@@ -17,8 +17,9 @@ run's own tables and figures (no index of links), the tables' files under report
 
 Tables: main, ablation_upsampling, ablation_pooling, ablation_local, ablation_parallel,
 mulo_at_lantern_geneval (MuLo-SD at LANTERN's GenEval, from the matched_quality sweeps:
-harness.report.matched) (see harness.report.specs), and a generic table for any other experiment in
-the store.
+harness.report.matched), field_coco and field_parti (experiment field: the field's methods, their
+published numbers as rows of their own beside the harness's; docs/field.md) (see
+harness.report.specs), and a generic table for any other experiment in the store.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import pandas as pd
 
 from harness.store import summary
 from harness.report import html as report
-from harness.report.paper_reference import load_paper_numbers
+from harness.report.paper_reference import load_facts
 from harness.report.build import Table, build_table
 from harness.report.cells import with_derived_speedup
 from harness.report.matched import with_matched_quality
@@ -80,11 +81,12 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
                grid_images: int = 6) -> Regenerated:
     """Build and write the tables (and figures and reports) of the runs under `dirs` into `out`."""
     frame = with_matched_quality(with_derived_speedup(summary.load(dirs)))
-    facts = load_paper_numbers()
+    facts = load_facts()
     done = Regenerated()
     for name in choose_tables(frame, requested):
         table = build_table(frame, spec_for(name), facts, paper_rows=paper_rows)
-        if table.is_empty() and not (table.with_paper and paper_rows):  # a paper table shows the paper's rows
+        if table.is_empty() and not ((table.with_paper or table.spec.published_rows) and paper_rows):
+            # a paper table shows the paper's rows, a field table the published ones
             log.log(logging.WARNING if requested else logging.INFO,
                     "table %s: no results from experiments %s; skipped", name, list(table.spec.experiments))
             continue
@@ -92,6 +94,7 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
         done.table_files += write_table(table, out / "tables")
     done.markdown = "\n".join(to_markdown(t) for t in done.tables)
     combined = out / "tables" / "tables.md"
+    combined.parent.mkdir(parents=True, exist_ok=True)  # also when every table was skipped
     write_atomic(combined, done.markdown.encode("utf-8"))
     if pages:
         done.pages = write_reports(frame, facts, done, out, figures, grid_images)
@@ -151,7 +154,7 @@ def run_report(run_dir: Path, out: Path, figures: bool = True, grid_images: int 
     """
     done = regenerate([run_dir], out, figures=False, pages=False, paper_rows=False)
     frame = with_matched_quality(with_derived_speedup(summary.load([run_dir])))
-    facts = load_paper_numbers()
+    facts = load_facts()
     sections = [section for table in done.tables
                 for section in table_sections(frame, facts, table, done.table_files, out, figures, grid_images)]
     data = [path for path in (Path(run_dir) / summary.SUMMARY_NAME, Path(run_dir) / "run.json") if path.is_file()]
