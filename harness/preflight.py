@@ -152,6 +152,18 @@ def unselected_decoders(cfg: DictConfig) -> dict[str, str]:
     }
 
 
+def unselected_evaluators(cfg: DictConfig) -> dict[str, str]:
+    """Evaluators a protocol configures that `evaluator=[...]` on the command line left out (e.g.
+    `evaluator.clip_score.arch` of protocol=field_parti under evaluator=[speed]): a node with the
+    protocol's options only, no `_target_`, is nothing to build; each with the reason it is skipped."""
+    return {
+        str(name): f"configured by the experiment or protocol but not selected in evaluator=[...]; add {name} "
+        "there to run it"
+        for name, node in (cfg.get("evaluator") or {}).items()
+        if isinstance(node, DictConfig) and "_target_" not in node
+    }
+
+
 def plan(cfg: DictConfig) -> Plan:
     """The decoders and evaluators this job runs.
 
@@ -182,6 +194,9 @@ def plan(cfg: DictConfig) -> Plan:
         if n not in problems and (p := decoder_problem(n, node, cfg.model))
     }
     evaluators = {str(k): v for k, v in (cfg.get("evaluator") or {}).items()}
+    unselected = unselected_evaluators(cfg)
+    evaluators = {n: node for n, node in evaluators.items() if n not in unselected}
+    skipped |= unselected
     problems |= {n: p for n, node in evaluators.items() if (p := evaluator_problem(n, node, cfg.dataset))}
     if problems and mode == "error":
         lines = "".join(f"\n  {name}: {why}" for name, why in problems.items())

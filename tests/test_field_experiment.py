@@ -73,6 +73,13 @@ def test_field_on_geneval_keeps_the_rows() -> None:
     assert jobs.decoders == _runnable("llamagen_xl_512") and jobs.evaluators == ["speed", "geneval"]
 
 
+def test_a_protocol_evaluator_left_out_on_the_command_line_is_skipped() -> None:
+    cfg = compose_cfg(["+experiment=field", "model=random", "protocol=field_parti", "evaluator=[speed]"])
+    assert "_target_" not in cfg.evaluator.clip_score  # only the protocol's arch / pretrained
+    jobs = preflight.plan(cfg)
+    assert jobs.evaluators == ["speed"] and "evaluator=[...]" in jobs.skipped["clip_score"]
+
+
 def test_a_model_the_table_does_not_list_is_refused() -> None:
     cfg = compose_cfg(["+experiment=field"])
     cfg.model.name = "my_model"
