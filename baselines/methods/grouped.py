@@ -83,7 +83,7 @@ class GroupedRule:
         [V, dim] -> codes [B, L, 2w - 1], -1 where a window slot is outside the codebook or fails a
         threshold."""
         w, v = self.rank_window, p.shape[-1]
-        offsets = torch.cat([torch.arange(-w, 0), torch.arange(1, w)]).to(p.device)  # d excluded
+        offsets = torch.cat([torch.arange(-w, 0), torch.arange(1, max(w, 1))]).to(p.device)  # d excluded
         if offsets.numel() == 0:
             return drafts.new_empty(*drafts.shape, 0)
         order = torch.sort(p, dim=-1, stable=True).indices  # [B, L, V] ascending
