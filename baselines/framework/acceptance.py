@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from baselines.framework.canvas import NEIGHBOUR_METRICS, Context, span
+from harness.api import ConfigValueError
 from harness.runtime.hostsync import width
 
 
@@ -210,9 +211,14 @@ class LanternRule:
         length of the pooled prefix A of the first k [...]; p(A) [...], 0 when A is empty)."""
         zone = ctx.neighbours(self.k + 1, self.metric)[x]  # one table for both uses
         cum = dist.gather(-1, zone[..., :self.k]).cumsum(-1)
-        count = (cum <= self.delta).sum(-1)  # a prefix, since cum is non-decreasing
+        count = (cum <= self._budget(dist, x)).sum(-1)  # a prefix, since cum is non-decreasing
         moved = cum.gather(-1, (count - 1).clamp_min(0)[..., None])[..., 0].where(count > 0, 0.0)
         return zone, count, moved
+
+    def _budget(self, dist: Tensor, x: Tensor) -> Tensor | float:
+        """The mass the pooled prefix may hold: delta (LANTERN++'s relative form, lambda, overrides
+        this: baselines/methods/lantern_pp.py); a float, or a tensor [..., 1] per candidate."""
+        return self.delta
 
     def candidate(self, dist: Tensor, x: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
         """One tree candidate (see the class docstring): dist [B, V], x [B] -> (accept probability
@@ -285,7 +291,7 @@ def sequential_siblings(rule: TreeRule, dist: Tensor, xs: Tensor, valid: Tensor,
 
 
 def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, depth: Tensor, u: Tensor, limit: Tensor,
-                rule: TreeRule, ctx: Context) -> TreeVerdict:
+                rule: TreeRule, ctx: Context, q: Tensor | None = None) -> TreeVerdict:
     """Multi-candidate acceptance over a draft tree (module docstring), vectorised over rows.
 
     The walk visits one node per level, and what happens at a node depends only on that node: its p
@@ -303,6 +309,9 @@ def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, depth: Tensor, u: T
         u: [B, L, K] uniforms: one per (level, sibling), drawn whether used or not.
         limit: [B] most tokens a row may accept (positions left in its image).
         rule: decides the candidates (`siblings` or `candidate`).
+        q: [B, 1+m, V] the distribution each node's children were drawn from (without replacement,
+            in rank order: LANTERN++'s static trees, baselines/methods/static_tree.py), or None for
+            deterministic drafts (q = 1). With q the rule decides with `drafted_siblings`.
     """
     b, levels, k = u.shape
     n = p.shape[1]
@@ -314,7 +323,7 @@ def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, depth: Tensor, u: T
     valid = ((level < limit[:, None]) & (level < levels))[..., None] & (children >= 0)  # [B, 1+m, K']
     xs = tokens.gather(1, children.clamp_min(0).flatten(1)).view(b, n, kk)
     uu = u.gather(1, level.clamp(max=levels - 1)[..., None].expand(-1, -1, k))[..., :kk]
-    taken, after = _decide_children(rule, p, xs, valid, uu, ctx)  # [B, 1+m], [B, 1+m, V]
+    taken, after = _decide_children(rule, p, xs, valid, uu, ctx, q)  # [B, 1+m], [B, 1+m, V]
     # the walk: an accepted child leads on, any other node is where the walk stops (a fixed point)
     own = span(n, p.device).expand(b, -1)
     step = torch.where(taken >= 0, children.gather(-1, taken.clamp_min(0)[..., None])[..., 0], own)
@@ -333,9 +342,20 @@ def accept_tree(p: Tensor, children: Tensor, tokens: Tensor, depth: Tensor, u: T
 
 
 def _decide_children(rule: TreeRule, p: Tensor, xs: Tensor, valid: Tensor, u: Tensor,
-                     ctx: Context) -> tuple[Tensor, Tensor]:
-    """Every node's children at once: p [B, N, V], xs / valid / u [B, N, K] -> (the accepted child's
-    rank [B, N], -1 for none; each node's distribution after its rejections [B, N, V])."""
+                     ctx: Context, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Every node's children at once: p [B, N, V], xs / valid / u [B, N, K], q [B, N, V] or None ->
+    (the accepted child's rank [B, N], -1 for none; each node's distribution after its rejections
+    [B, N, V])."""
+    if q is not None:
+        drafted = getattr(rule, "drafted_siblings", None)
+        if drafted is None:
+            raise ConfigValueError(f"decoder accept {rule.name!r} treats draft-tree nodes as deterministic "
+                                   "(q = 1) but this tree's nodes were sampled from the drafter: use "
+                                   "baselines.methods.lantern_pp.RelativeLanternRule (lam 1 = exact)")
+        b, n, v = p.shape
+        taken, after = drafted(p.reshape(b * n, v), q.reshape(b * n, v), xs.flatten(0, 1), valid.flatten(0, 1),
+                               u.flatten(0, 1), ctx)
+        return taken.view(b, n), after.view(b, n, v)
     siblings = getattr(rule, "siblings", None)
     if siblings is not None:
         return siblings(p, xs, valid, u, ctx)

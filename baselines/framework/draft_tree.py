@@ -18,6 +18,8 @@ every parent comes before its children.
     rank      [B, m]          the node's rank among its siblings (0 = the drafter's first choice)
     children  [B, 1+m, K]     block indices of each node's children by rank, -1 = none
     ancestry  [B, 1+m, 1+m]   ancestry[b, i, j]: node j is node i or one of its ancestors
+    q         [B, 1+m, V]     (sampled static trees only, else None) the drafter's distribution
+                              each node's children were drawn from (baselines/methods/static_tree.py)
 """
 from __future__ import annotations
 
@@ -123,6 +125,7 @@ class DraftTree:
     score: Tensor
     children: Tensor
     ancestry: Tensor
+    q: Tensor | None = None
 
     @property
     def nodes(self) -> int:

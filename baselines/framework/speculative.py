@@ -2,11 +2,12 @@
 -> resolve (-> resample) -> commit. Methods are compositions of pieces chosen in config:
 
     sjd           = jacobi draft + exact rule   + raster scope
+    gsd           = jacobi draft + grouped rule + raster scope   (baselines/methods/grouped.py)
     sd            = model draft  + exact rule   + raster scope
     lantern_chain = model draft  + lantern rule + raster scope
     (MuLo-SD = lowres draft + pooled_threshold rule + local(l) scope + serial/parallel resampler)
-The paper's EAGLE-2 and LANTERN (`eagle2`, `lantern`) verify draft trees instead of chains:
-baselines/methods/tree_decoding.py.
+The paper's EAGLE-2 and LANTERN (`eagle2`, `lantern`) and LANTERN++ (`lantern_pp`) verify draft
+trees instead of chains: baselines/methods/tree_decoding.py.
 
 One step, for every batch row b at its own frontier n_b (the loop never branches on a row):
 1. the draft run proposes L tokens for positions n_b .. n_b+L-1 (and their q);

@@ -28,6 +28,7 @@ from baselines.framework.canvas import span
 from baselines.framework.draft_tree import DraftTree, Pool, TreeOptions, select
 from harness.api import ConfigValueError, SamplingParams
 from harness.models.masks import attention_mask
+from harness.runtime.randomness import ImageStreams
 from harness.runtime.sampling import filter_logits
 
 
@@ -45,21 +46,28 @@ class EagleDraft:
     def __init__(self, depth: int = 4, top_k: int = 10, total_tokens: int = 59) -> None:
         self.options = TreeOptions(depth=depth, top_k=top_k, total_tokens=total_tokens)
 
-    def start(self, target, head, sampling: SamplingParams, model: str) -> "EagleRun":  # noqa: ANN001
+    def start(self, target, head, sampling: SamplingParams, model: str,  # noqa: ANN001
+              streams: ImageStreams | None = None) -> "EagleRun":
         """The per-call drafting state for `target` (an ARImageModel with draft-tree support) and
         its `head`, after the target's prefill (its `hidden` holds the prefix features); `model`:
-        the bundle's name, for errors."""
-        if head is None:
-            raise ConfigValueError(f"model {model!r} has no EAGLE head (model.eagle_head / eagle_head_file); "
-                                   "the eagle2 and lantern decoders draft with one. Train one with "
-                                   "`python -m baselines.training.train_eagle`, or use decoder lantern_chain / sd")
-        grid, vocab = tuple(target.grid), int(target.vocab_size)
-        if tuple(head.cfg.grid) != grid or head.cfg.vocab_size != vocab:
-            raise ConfigValueError(f"the EAGLE head of model {model!r} drafts a {tuple(head.cfg.grid)} grid "
-                                   f"of {head.cfg.vocab_size} codes, the target has a {grid} grid of {vocab} "
-                                   "codes")
-        self.options.check_vocab(vocab, model)
+        the bundle's name, for errors; `streams`: the per-image random streams (EAGLE-2's top-k
+        tree draws nothing; LANTERN++'s sampled static tree does)."""
+        check_head(target, head, model)
+        self.options.check_vocab(int(target.vocab_size), model)
         return EagleRun(self.options, target, head, sampling)
+
+
+def check_head(target, head, model: str) -> None:  # noqa: ANN001
+    """Refuse a missing head, or one drafting another grid or vocabulary than the target's."""
+    if head is None:
+        raise ConfigValueError(f"model {model!r} has no EAGLE head (model.eagle_head / eagle_head_file); "
+                               "the eagle2, lantern and lantern_pp decoders draft with one. Train one with "
+                               "`python -m baselines.training.train_eagle`, or use decoder lantern_chain / sd")
+    grid, vocab = tuple(target.grid), int(target.vocab_size)
+    if tuple(head.cfg.grid) != grid or head.cfg.vocab_size != vocab:
+        raise ConfigValueError(f"the EAGLE head of model {model!r} drafts a {tuple(head.cfg.grid)} grid "
+                               f"of {head.cfg.vocab_size} codes, the target has a {grid} grid of {vocab} "
+                               "codes")
 
 
 @dataclass
@@ -85,7 +93,7 @@ class EagleRun:
         self.sequence = self.prefix + self.n_tokens - 1  # head slots of the sequence
         self.dump = self.sequence  # padding entries of a catch-up write here
         self.scratch = self.sequence + 1
-        self.width = self.scratch + options.depth * options.top_k
+        self.width = self.scratch + self.fed_slots()
         features = target.hidden
         if features is None:
             raise RuntimeError("the target exposes no hidden states: prefill it before starting the head")
@@ -96,6 +104,10 @@ class EagleRun:
         self.last: Tensor | None = None  # [R, dim] head output at the newest committed token
         self.last_slot: Tensor | None = None  # [B] head slot of that output
         self._constants: _Fixed | None = None  # `_fixed`
+
+    def fed_slots(self) -> int:
+        """Head scratch slots for the tree nodes fed in one round (EAGLE-2: depth x top_k)."""
+        return self.options.depth * self.options.top_k
 
     # ------------------------------------------------------------------ head calls
     def _head(self, features: Tensor, tokens: Tensor, seq: Tensor, mask: Tensor, write: Tensor) -> Tensor:

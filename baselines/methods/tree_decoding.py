@@ -2,7 +2,9 @@
 LANTERN runs them on LlamaGen. Each round:
 
 1. the `eagle` source drafts a dynamic tree after the root, the last committed token
-   (baselines/methods/eagle.py; the head's catch-up and `depth` expansions);
+   (baselines/methods/eagle.py; the head's catch-up and `depth` expansions), or the `static_tree`
+   source LANTERN++'s fixed topology (baselines/methods/static_tree.py, verified against the
+   drafter's q by `lantern_pp`, baselines/methods/lantern_pp.py);
 2. ONE target forward verifies the root and the tree's m = total_tokens - 1 nodes with tree
    attention on the static, position-indexed KV cache: the root is written to its own position's
    slot, node j to scratch slot S + j after the sequence's S slots, each node at the position of
@@ -36,6 +38,7 @@ from baselines.framework.acceptance import TreeRule, accept_tree, accept_tree_gr
 from baselines.framework.canvas import Context, span
 from baselines.framework.draft_tree import tree_attention
 from baselines.methods.eagle import EagleDraft
+from baselines.methods.static_tree import StaticTreeDraft
 from baselines.framework.recorder import StatsRecorder
 from harness.api import ConfigValueError, Condition, Generation, ModelBundle, SamplingParams
 from harness.runtime.hostsync import Running
@@ -48,12 +51,14 @@ class TreeDecoder:
 
     Args:
         sampling: how logits become p, for the target and the head's ranking.
-        draft: an EagleDraft (depth, top_k, total_tokens).
-        accept: a rule with `candidate` (ExactRule: EAGLE-2; LanternRule: LANTERN).
+        draft: an EagleDraft (depth, top_k, total_tokens) or a StaticTreeDraft (LANTERN++'s fixed
+            topology, baselines/methods/static_tree.py: its sampled trees carry q).
+        accept: a rule with `candidate` (ExactRule: EAGLE-2; LanternRule: LANTERN); a sampled static
+            tree's rule also has `drafted_siblings` (RelativeLanternRule: LANTERN++).
         name: decoder label; default "eagle+<rule>".
     """
 
-    def __init__(self, sampling: SamplingParams, draft: EagleDraft, accept: TreeRule,
+    def __init__(self, sampling: SamplingParams, draft: EagleDraft | StaticTreeDraft, accept: TreeRule,
                  name: str | None = None) -> None:
         if not hasattr(accept, "candidate"):
             raise ConfigValueError(f"decoder accept {getattr(accept, 'name', accept)!r} cannot decide over a "
@@ -88,7 +93,7 @@ class TreeDecoder:
         device = logits.device
         streams = ImageStreams(seeds, device)
         ctx = Context(models=models, cond=cond, sampling=self.sampling, streams=streams, device=device)
-        run = self.draft.start(target, models.eagle_head, self.sampling, models.name)
+        run = self.draft.start(target, models.eagle_head, self.sampling, models.name, streams=streams)
         tokens = torch.zeros(b, n_tokens + levels + 1, dtype=torch.long, device=device)
         tokens[:, 0] = sample(logits, self.sampling, streams)
         root = torch.zeros(b, dtype=torch.long, device=device)  # image position of the root
@@ -115,7 +120,7 @@ class TreeDecoder:
                                              remaining, levels, self.accept, ctx)  # type: ignore[arg-type]
             else:
                 verdict = accept_tree(probs(logits, self.sampling), tree.children, block, tree.depth,
-                                      u[:, :-1].reshape(b, levels, k), remaining, self.accept, ctx)
+                                      u[:, :-1].reshape(b, levels, k), remaining, self.accept, ctx, q=tree.q)
             a = verdict.accepted  # 0 for finished rows: their limit `remaining` is 0
             final = inverse_cdf(verdict.dist, u[:, -1])
             # commit the path: cache slots, tokens, the head's catch-up

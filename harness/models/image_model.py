@@ -32,7 +32,8 @@ class TokenImageModel(nn.Module):
     last forward's hidden states after the final norm, in the rows the model ran), `model_rows` /
     `guide` (the identity here; harness/models/guidance.py doubles and mixes the rows), `positional`
     and `head_logits` (the GPT's position code and output layer), `raw_codebook` (the tokenizer's
-    code vectors before any normalisation) and `eagle_head`: the EAGLE head trained on this
+    code vectors before any normalisation), `token_embeddings` (the GPT's input embedding of every
+    code [V, dim]: GSD's token groups, baselines/methods/grouped.py) and `eagle_head`: the EAGLE head trained on this
     model's features (harness/models/eagle_head.py), or None. The head is a submodule, so it moves
     and casts with the model."""
 
@@ -42,6 +43,7 @@ class TokenImageModel(nn.Module):
     prefix_len = forwarded("gpt.cfg.prefix_len")
     hidden = forwarded("gpt.last_hidden")
     positional = forwarded("gpt.positional")
+    token_embeddings = forwarded("gpt.tok_embeddings.weight")  # [V, dim]: the GPT's input embedding
 
     def __init__(self, gpt: GPT, tokenizer: ImageTokenizer, image_size: int | None = None) -> None:
         super().__init__()

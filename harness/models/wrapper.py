@@ -32,7 +32,7 @@ class forwarded:  # noqa: N801 (used like `property`)
 class ModelWrapper:
     """The part of an ARImageModel around `model` that is the model's: grid, vocabulary, codebook,
     cache length, device, decode and encode, and what draft trees read of it: its raw codebook and
-    its EAGLE head (None when it has none). Subclasses define setup_cache, prefill and forward."""
+    its EAGLE head (None when it has none) and its input token embedding (GSD). Subclasses define setup_cache, prefill and forward."""
 
     codebook = forwarded("model.codebook")
     cache_len = forwarded("model.cache_len")
@@ -48,6 +48,11 @@ class ModelWrapper:
     @property
     def raw_codebook(self) -> Any:
         return getattr(self.model, "raw_codebook", None)
+
+    @property
+    def token_embeddings(self) -> Any:
+        """The model's input token embedding [V, dim], or None when it exposes none."""
+        return getattr(self.model, "token_embeddings", None)
 
     @property
     def eagle_head(self) -> Any:

@@ -128,6 +128,8 @@ METHOD_LABELS = {
     "sd": "Draft-model SD",
     "lantern": "LANTERN",
     "lantern_chain": "LANTERN (small-GPT chain)",
+    "gsd": "GSD",
+    "lantern_pp": "LANTERN++",
     "zipar": "ZipAR",
     "zipar_w4": "ZipAR (window 4)",
     "mulo_sd": "MuLo-SD",
