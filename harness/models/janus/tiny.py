@@ -47,6 +47,7 @@ def tiny_model(arch: dict[str, Any] | None, seed: int):  # -> transformers.Janus
     model = JanusForConditionalGeneration(tiny_config(arch)).eval()
     _spread(model, seed)
     gen = model.generation_config
+    gen._from_model_config = False  # as the repos' conversion sets it: a reload keeps generation_kwargs
     gen.bos_token_id, gen.pad_token_id, gen.eos_token_id = BOS, PAD, EOS
     gen.guidance_scale, gen.temperature = 5, 1
     gen.generation_kwargs = {"boi_token_id": BOI}
