@@ -50,6 +50,16 @@ def test_janus_greedy_raster_equals_transformers_generate(bundle: ModelBundle, s
     assert len({tuple(r) for r in ours.tolist()}) == 3 and len(set(ours.flatten().tolist())) > 8  # not one code
 
 
+def test_janus_bf16_greedy_raster_equals_transformers_generate() -> None:
+    """In bf16 too: CFG is mixed in the gen head's dtype, as transformers does (`guidance_dtype`)."""
+    bf16 = _tiny(["model.dtype=bf16", "model.small_arch=null"])
+    models = guided(bf16, GREEDY)
+    prompts = [*PROMPTS, "a cat", "three apples", "a car near a tree"]
+    ours = RasterDecoder(GREEDY).generate(models, models.condition(prompts), list(range(6))).tokens
+    for row, prompt in zip(ours.tolist(), prompts):
+        assert row == _reference(bf16, prompt, 5.0), prompt
+
+
 @torch.inference_mode()
 def test_janus_cached_forward_equals_the_full_forward(bundle: ModelBundle) -> None:
     """Teacher-forced logits of the harness (prefill + one wide forward) equal transformers' forward
@@ -173,6 +183,8 @@ def test_janus_preflight_refuses_mulo_sd_with_the_reason() -> None:
     assert sorted(jobs.decoders) == ["raster", "sd", "sjd"]
     assert "384 px" in jobs.skipped["mulo_sd"] and "low-resolution" in jobs.skipped["mulo_sd"]
     assert "eagle_head" in jobs.skipped["eagle2"]
+    with pytest.raises(IncompatibleError, match="mulo_sd: needs drafter: Janus-Pro generates at one fixed"):
+        plan(compose_cfg(["model=janus_pro_1b", "decoder=[raster,mulo_sd]"]))
     with pytest.raises(IncompatibleError, match="small_drafter"):
         plan(compose_cfg(["model=janus_pro_1b", "decoder=[sd]"]))
     assert plan(compose_cfg(["model=janus_tiny", "decoder=[sd]"])).decoders == ["sd"]

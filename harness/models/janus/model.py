@@ -30,15 +30,6 @@ from harness.models.masks import attention_mask, hide
 from harness.models.transformer import KVCache, attend
 
 
-def _rotate(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """Llama's rotary embedding (rotate-half layout, transformers' `apply_rotary_pos_emb`):
-    q [B, T, H, hd], k [B, T, Hkv, hd], cos / sin [B, T, hd]."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)  # heads are dim 2 here
-    return q, k
-
-
 class JanusImageModel(nn.Module):
     """ARImageModel over `hf` (a JanusForConditionalGeneration) at its fixed grid.
 
@@ -71,6 +62,9 @@ class JanusImageModel(nn.Module):
         self.offset: Tensor | None = None  # [B] padding slots of each cached row (rotary shift)
         self.last_hidden: Tensor | None = None  # [B, T, dim] after the final norm, last forward
         self.eagle_head: nn.Module | None = None
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self._rope = apply_rotary_pos_emb  # Llama's rotate-half rotary embedding
 
     # ---------------------------------------------------------------- properties
     @property
@@ -80,6 +74,13 @@ class JanusImageModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.hf.model.generation_head.vision_head.weight.dtype
+
+    @property
+    def guidance_dtype(self) -> torch.dtype:
+        """The dtype CFG is mixed in (harness/models/guidance.py): the gen head's, as transformers'
+        Janus generate mixes its scores (the float logits returned here are those values, cast
+        exactly, so the mix sees the same numbers)."""
+        return self.dtype
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -200,7 +201,7 @@ class JanusImageModel(nn.Module):
         q = att.q_proj(x).view(b, t, self.n_head, self.head_dim)
         k = att.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
         v = att.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
-        q, k = _rotate(q, k, cos, sin)
+        q, k = self._rope(q, k, cos, sin, unsqueeze_dim=2)  # cos / sin [B, T, hd]; heads are dim 2 here
         return att.o_proj(attend(q, k, v, None, mask, write, cache))
 
     # ---------------------------------------------------------------- pixels
