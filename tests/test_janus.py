@@ -91,6 +91,29 @@ def test_janus_cached_forward_equals_the_full_forward(bundle: ModelBundle) -> No
     assert not torch.allclose(masked[:, 2:], rest[:, 7:13], atol=1e-3)
 
 
+@torch.inference_mode()
+def test_janus_scratch_slots_and_move_cache_equal_direct_writes(bundle: ModelBundle) -> None:
+    """A draft-tree node: written to a scratch slot at its position's rotation, then moved to the
+    position's slot, it gives a later query what writing it there directly gives."""
+    model, cond = bundle.target, bundle.condition(PROMPTS[1:2])
+    tokens, later = torch.tensor([[5, 9, 33, 2]]), torch.tensor([[7]])
+    model.setup_cache(1)
+    model.prefill(cond)
+    model.forward(tokens, torch.arange(4))
+    direct = model.forward(later, torch.tensor([4]))
+    model.setup_cache(1, scratch=2)
+    model.prefill(cond)
+    model.forward(tokens[:, :3], torch.arange(3))
+    scratch = model.slots + 1
+    mask = torch.arange(model.cache_len)[None, None] < model.prefix_len + 3
+    mask[..., scratch] = True
+    model.forward(tokens[:, 3:], torch.tensor([3]), mask, slots=torch.tensor([[scratch]]))
+    unmoved = model.forward(later, torch.tensor([4]))  # slot 3 still empty
+    assert not torch.allclose(unmoved, direct, atol=1e-3)
+    model.move_cache(torch.tensor([[scratch]]), torch.tensor([[model.prefix_len + 3]]))
+    torch.testing.assert_close(model.forward(later, torch.tensor([4])), direct, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, cfg_scale=5.0)])
 def test_janus_batch_of_one_equals_batch_of_three(bundle: ModelBundle, params: SamplingParams) -> None:
     models = guided(bundle, params)
