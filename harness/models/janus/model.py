@@ -43,7 +43,6 @@ class JanusImageModel(nn.Module):
     def __init__(self, hf: nn.Module, prefix_len: int) -> None:
         super().__init__()
         self.hf = hf
-        lm = hf.model.language_model
         side = int(hf.config.vq_config.num_patches)  # image_size // patch_size: 24 at 384 px
         if side * side != int(hf.config.vision_config.num_image_tokens):
             raise ValueError(f"the Janus config has num_image_tokens={hf.config.vision_config.num_image_tokens},"

@@ -10,13 +10,10 @@ assistant tag, image-start tag). `JanusConditioner` left-pads the ids to the mod
 from __future__ import annotations
 
 import hashlib
-import logging
 from typing import Protocol, Sequence
 
 from harness.models.hub import WeightsError, snapshot
 from harness.models.janus.condition import PromptIds, left_padded
-
-log = logging.getLogger(__name__)
 
 
 class PromptTokenizer(Protocol):
