@@ -236,3 +236,29 @@ def test_janus_pro_1b_sized_config_gives_the_384px_grid() -> None:
     model = JanusImageModel(hf, 256)
     assert model.grid == (24, 24) and model.vocab_size == 16384 and model.image_size == 384
     assert model.cache_len == 256 + 576 and len(model.layers) == 24
+
+
+@pytest.mark.slow
+def test_janus_tiny_runs_through_the_cli(tmp_path: Path) -> None:
+    """`python -m harness model=janus_tiny` with the decoders Janus can run: images, stats, summary."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+    from PIL import Image
+
+    from tests.conftest import ROOT
+
+    out, decoders = tmp_path / "run", ["raster", "sjd", "sd", "zipar", "lantern_chain"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    args = ["model=janus_tiny", f"decoder=[{','.join(decoders)}]", "dataset_limit=2", "batch_size=2",
+            "warmup_batches=0", "threads=1", "device=cpu", f"hydra.run.dir={out}"]
+    res = subprocess.run([sys.executable, "-m", "harness", *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary[summary.metric == "latency_s"].decoder) == set(decoders)
+    for dec in decoders:
+        pngs = sorted((out / "samples" / dec).rglob("*.png"))
+        assert len(pngs) == 2 and Image.open(pngs[0]).size == (64, 64)
