@@ -198,6 +198,15 @@ def test_janus_strict_reload_from_saved_folders(bundle: ModelBundle, tmp_path: P
     assert "missing keys [model.generation_head.vision_head.bias]" in str(err.value)
 
 
+def test_janus_hub_snapshots_are_identified_by_their_commits(bundle: ModelBundle) -> None:
+    from harness.models.janus.bundle import hub_revision
+
+    folder = "/cache/models--deepseek-community--Janus-Pro-7B/snapshots/0123abcd"
+    assert hub_revision("deepseek-community/Janus-Pro-7B", folder) == "deepseek-community/Janus-Pro-7B@0123abcd"
+    assert hub_revision("deepseek-community/Janus-Pro-7B", "/data/janus-7b") is None
+    assert bundle.weights_id is None  # random weights: the harness digests them
+
+
 def test_janus_preflight_refuses_mulo_sd_with_the_reason() -> None:
     from harness.preflight import IncompatibleError, plan
 

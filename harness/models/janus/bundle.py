@@ -12,6 +12,7 @@ repo files it reads (`stages=[fetch]` lists them, harness/assets/fetching.py).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,8 +32,18 @@ REPO_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.s
               "preprocessor_config.json", "chat_template.*")
 
 
-def load_janus(repo_id: str | None, local_path: str | None, cache_dir: str | None, dtype: torch.dtype):
-    """A JanusForConditionalGeneration from a repo (or a local copy of one), loaded strictly."""
+def hub_revision(repo_id: str | None, folder: str) -> str | None:
+    """`repo@commit` of a hub snapshot folder (`.../snapshots/<commit>`), or None (a local copy)."""
+    parts = Path(folder).parts
+    if not repo_id or len(parts) < 2 or parts[-2] != "snapshots":
+        return None
+    return f"{repo_id}@{parts[-1]}"
+
+
+def load_janus(repo_id: str | None, local_path: str | None, cache_dir: str | None,
+               dtype: torch.dtype) -> tuple[Any, str | None]:
+    """A JanusForConditionalGeneration from a repo (or a local copy of one), loaded strictly, and
+    the hub snapshot's `repo@commit` (None for a local copy)."""
     from transformers import JanusForConditionalGeneration
 
     if not repo_id and not local_path:
@@ -51,7 +62,7 @@ def load_janus(repo_id: str | None, local_path: str | None, cache_dir: str | Non
                            for kind, keys in problems.items() if keys)
         raise WeightsError(f"{folder} does not match the Janus architecture of its config.json: {listed}")
     log.info("loaded Janus %s from %s", repo_id or "", folder)
-    return model.eval()
+    return model.eval(), None if local_path else hub_revision(repo_id, folder)
 
 
 def special_ids(hf: Any) -> tuple[int, tuple[int, int]]:
@@ -88,13 +99,16 @@ def build(name: str = "janus", tokenizer: PromptTokenizer | None = None, repo_id
     if int(prefix_len) != prefix_len or prefix_len < 2:
         raise ValueError(f"model.prefix_len must be an integer >= 2, got {prefix_len!r}")
     torch_dtype = dtype_of(dtype)
+    revisions: list[str | None] = [None]  # hub commits of the loaded models (None: random or local)
     if random_init:
         target_hf = tiny_model(arch, seed).to(torch_dtype)
         small_hf = None if small_arch is None else tiny_model({**(arch or {}), **small_arch}, seed + 1).to(torch_dtype)
     else:
-        target_hf = load_janus(repo_id, local_dir, cache_dir, torch_dtype)
-        small_hf = (load_janus(small_drafter_repo, small_drafter_local_dir, cache_dir, torch_dtype)
-                    if small_drafter_repo or small_drafter_local_dir else None)
+        target_hf, revision = load_janus(repo_id, local_dir, cache_dir, torch_dtype)
+        revisions, small_hf = [revision], None
+        if small_drafter_repo or small_drafter_local_dir:
+            small_hf, revision = load_janus(small_drafter_repo, small_drafter_local_dir, cache_dir, torch_dtype)
+            revisions.append(revision)
     target = JanusImageModel(target_hf, prefix_len)
     _check(target, "target", image_size, codebook_size)
     pad, kept = special_ids(target_hf)
@@ -106,6 +120,8 @@ def build(name: str = "janus", tokenizer: PromptTokenizer | None = None, repo_id
                 target_hf.config.text_config.vocab_size:
             raise WeightsError("the small drafter's text vocabulary or special ids differ from the target's: "
                                "it cannot read the target's prompts")
-    bundle = ModelBundle(name=name, target=target, small_drafter=small,
+    # hub snapshots are identified by their commits (no digest of 9B parameters); else None: digested
+    weights_id = "hub:" + ";".join(map(str, revisions)) if all(revisions) else None
+    bundle = ModelBundle(name=name, target=target, small_drafter=small, weights_id=weights_id,
                          conditioner=JanusConditioner(tokenizer, int(prefix_len), pad, kept))
     return bundle.to(device) if device else bundle
