@@ -22,7 +22,7 @@ STAGES = ("fetch", "generate", "evaluate")
 # Informational keys of config nodes, never passed to the target: `requires`, `provides`,
 # `needs_metadata` (read by harness/preflight.py), `paper_setting` (a decoder's paper values of the keys a world may move),
 # `operating_points` (a model's settings of decoders on its world, read by the decoders' configs).
-INFO_KEYS = ("requires", "provides", "needs_metadata", "paper_setting", "operating_points")
+INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points")
 _ABSENT = object()  # OmegaConf.select's answer for a key a node does not have
 _FILE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"  # a plain file name: no folder, not hidden, no ".."
 
@@ -30,8 +30,8 @@ _FILE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"  # a plain file name: no folder, no
 def build(node: DictConfig, drop: tuple[str, ...] = ("name",)) -> Any:
     """Instantiate a config node without its informational keys (`name`; a model's `sampling`
     holds its recommended sampling defaults, which `conf/config.yaml` reads, and its
-    `operating_points` the decoders' settings on its world; `requires` and `provides` are read by
-    harness/preflight.py; a decoder's `paper_setting` labels rows run otherwise)."""
+    `operating_points` the decoders' settings on its world; `requires`, `provides` and `lacks` are
+    read by harness/preflight.py; a decoder's `paper_setting` labels rows run otherwise)."""
     conf = OmegaConf.to_container(node, resolve=True)
     assert isinstance(conf, dict)
     for key in (*drop, *INFO_KEYS):

@@ -6,8 +6,10 @@ seconds, before hours of generation:
 
 - a decoder config lists what it needs from the bundle in `requires` (`drafter`, `small_drafter`,
   `eagle_head`); a model config provides a part when its flag is true (`drafter: true`, the shapes
-  worlds), its file is named (`drafter_file: ...`, real models) or `provides` lists it (random
-  bundles). MuLo-SD also needs a whole grid ratio r = target size / drafter size.
+  worlds), its file or repo is named (`drafter_file: ...`, `small_drafter_repo: ...`, real models)
+  or `provides` lists it (random bundles). A model that cannot have a part says why in `lacks`
+  (`lacks: {drafter: ...}`: Janus-Pro has no lower-resolution model), and a decoder needing it is
+  refused with that reason. MuLo-SD also needs a whole grid ratio r = target size / drafter size.
 - an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...),
   and the prompt metadata it reads in `needs_metadata` (GenEval: `[tag, include]`): a `.txt`
   prompts file carries none, and a prompt without them is refused once the prompts are read.
@@ -60,7 +62,7 @@ def model_parts(model: DictConfig) -> set[str]:
     listed = set(model.get("provides") or [])
     parts = set()
     for part in PARTS:
-        flag, file = model.get(part), model.get(f"{part}_file")
+        flag, file = model.get(part), model.get(f"{part}_file") or model.get(f"{part}_repo")
         if flag is True or (isinstance(file, str) and file) or part in listed:
             parts.add(part)
     return parts
@@ -74,6 +76,10 @@ def _requires(node: DictConfig) -> list[str]:
 def decoder_problem(name: str, node: DictConfig, model: DictConfig) -> str | None:
     """Why decoder `name` cannot run on `model`, or None when it can."""
     missing = [part for part in _requires(node) if part in PARTS and part not in model_parts(model)]
+    lacks = model.get("lacks") or {}
+    reasons = [f"needs {part}: {lacks[part]}" for part in missing if lacks.get(part)]
+    if reasons:
+        return "; ".join(reasons)
     if missing:
         return (
             f"needs {' and '.join(missing)}, which model {model.get('name')!r} does not provide "

@@ -2,7 +2,9 @@
 
 A job reads, besides its prompt set: the model's weight files (`model.*_file` keys, from
 `model.repo_id` / `tatok_repo` / `vq_repo` / `eagle_head_repo`), its text encoder or LLM repository
-(the loader class names the files it reads in `FILES`), and what each planned evaluator downloads
+(the loader class names the files it reads in `FILES`), the whole-model repositories of a loader
+module that names the files it reads in `REPO_FILES` (`model.repo_id`, `model.small_drafter_repo`:
+Janus-Pro, loaded through transformers), and what each planned evaluator downloads
 (its `assets()`). `fetch` lists them with their sizes, says when everything is already here, and
 downloads the rest; `offline_missing` is the check, before generation, that a job without network
 (HF_HUB_OFFLINE=1) finds every file, naming each missing one and the command that fetches it.
@@ -25,6 +27,7 @@ for _client in ("httpx", "httpx2"):  # the hub client's HTTP library logs every 
 WEIGHT_KEYS = ("target_file", "drafter_file", "small_drafter_file", "vq_file", "tatok_file", "eagle_head_file",
                "eagle_head_config")
 CONDITIONER_KEYS = ("text_encoder", "llm")  # model nodes of a hub repo loaded through transformers
+MODEL_REPO_KEYS = {"repo_id": "local_dir", "small_drafter_repo": "small_drafter_local_dir"}  # repo -> local copy
 
 
 class MissingAssetsError(InputError, FileNotFoundError):
@@ -49,6 +52,9 @@ def repo_of(model: DictConfig, key: str) -> str:
 
 def model_assets(model: DictConfig) -> list[Asset]:
     """The hub files a real model config reads (none with random_init, local_dir, or no hub repo)."""
+    repo_files = _repo_files(model)
+    if repo_files is not None:
+        return _model_repos(model, repo_files)
     if model.get("random_init") or model.get("local_dir") or not (model.get("repo_id") or model.get("tatok_repo")):
         return []
     by_repo: dict[str, list[str]] = {}
@@ -65,6 +71,31 @@ def model_assets(model: DictConfig) -> list[Asset]:
             found.append(HubFiles(f"model.{key}", str(node.repo_id), files, node.get("cache_dir"),
                                   required=("config.json",)))
     return found
+
+
+def _repo_files(model: DictConfig) -> tuple[str, ...] | None:
+    """The `REPO_FILES` patterns of the model loader's module (None: its weights are `*_file` keys)."""
+    import importlib
+
+    target = str(model.get("_target_") or "")
+    if "." not in target:
+        return None
+    try:
+        module = importlib.import_module(target.rpartition(".")[0])
+    except ImportError:
+        return None
+    files = getattr(module, "REPO_FILES", None)
+    return None if files is None else tuple(files)
+
+
+def _model_repos(model: DictConfig, files: tuple[str, ...]) -> list[Asset]:
+    """The whole-model repos of a `REPO_FILES` loader (none with random_init; a repo whose local copy
+    is named is read from there)."""
+    if model.get("random_init"):
+        return []
+    return [HubFiles(f"model {model.get('name')}" + ("" if key == "repo_id" else f" ({key})"), str(model.get(key)),
+                     files, model.get("cache_dir"), required=("config.json",))
+            for key, local in MODEL_REPO_KEYS.items() if model.get(key) and not model.get(local)]
 
 
 def _loader_files(node: DictConfig) -> tuple[str, ...]:

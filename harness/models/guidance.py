@@ -39,7 +39,14 @@ class Guided(ModelWrapper):
         [2B, T, V] are mixed LOGITS_CHUNK positions at a time into one float output, so that only
         the model's own logits (bf16 for bf16 weights) and the mixed ones are whole: the float copy
         of both halves and the mix's temporaries exist one chunk at a time. The same element-wise
-        operations on the same values: the tokens do not change."""
+        operations on the same values: the tokens do not change. A model whose reference mixes in
+        another dtype names it in `guidance_dtype` (transformers' Janus: the gen head's dtype, as its
+        `ClassifierFreeGuidanceLogitsProcessor` mixes the scores): then s * (c - u) + u in that
+        dtype, returned as float."""
+        mix_dtype = getattr(self.model, "guidance_dtype", None)
+        if mix_dtype is not None:
+            cond, uncond = logits.to(mix_dtype).chunk(2, dim=0)
+            return (self.scale * (cond - uncond) + uncond).float()
         cond, uncond = logits.chunk(2, dim=0)
         if logits.dim() < 3 or logits.shape[1] <= LOGITS_CHUNK:
             cond, uncond = cond.float(), uncond.float()

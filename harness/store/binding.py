@@ -45,7 +45,8 @@ BINDING_FORMAT = 1
 PROJECT_PACKAGES = frozenset({"harness", "baselines", "evaluators"})
 # Model config keys that say where or how weights are loaded, not which weights: left out of a
 # SampleSet's binding (the weights themselves are bound by their digest).
-_LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "trust_pickle", "name"})
+_LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "small_drafter_local_dir",
+                            "trust_pickle", "name"})
 # Model keys that configure decoders, not the model: a decoder's operating point on this world reaches
 # the binding through the decoder's own keys, so the model's binding leaves it out.
 _DECODER_KEYS = frozenset({"operating_points"})
