@@ -21,7 +21,7 @@ from harness.models.hub import WeightsError
 from harness.models.lumina.bundle import VQGAN_CKPT, VQGAN_YAML, load_lm, vocabulary
 from harness.models.lumina.chameleon import ChameleonArch, ChameleonLM
 from harness.models.lumina.layout import SpecialTokens, check_header, header
-from harness.models.lumina.vqgan import VQGAN, load_vqgan
+from harness.models.lumina.vqgan import VQGAN, VQGANConfig, load_vqgan
 from harness.run import _build, guided
 from tests.conftest import compose_cfg
 
@@ -103,6 +103,27 @@ def test_lumina_lm_logits_equal_transformers_chameleon() -> None:
     steps = [lm.hidden(ids[:, i:i + 1], torch.tensor([[i], [i]]), causal[i:i + 1].expand(2, 1, 11),
                        torch.tensor([[i], [i]])) for i in range(11)]
     torch.testing.assert_close(torch.cat(steps, 1), hidden_hf, atol=1e-5, rtol=1e-5)
+
+
+def test_lumina_full_size_keys_equal_transformers_chameleon() -> None:
+    """The 7B LM's key names and shapes are transformers' (but the q/k norms: one affine per shard,
+    as Lumina-mGPT's fork stores them, where mainline keeps one per head); the VQGAN's encoder half
+    is transformers' ChameleonVQVAE at Chameleon's sizes, key for key."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.chameleon.modeling_chameleon import ChameleonVQVAE
+
+    with torch.device("meta"):
+        hf = transformers.ChameleonForConditionalGeneration(transformers.ChameleonConfig(vocabulary_map={"<image>": 8711}))
+        hf_vq = ChameleonVQVAE(transformers.ChameleonVQVAEConfig())
+        lm, vq = ChameleonLM(ChameleonArch()), VQGAN(VQGANConfig())
+    theirs = {k: tuple(v.shape) for k, v in hf.state_dict().items() if not k.startswith("model.vqmodel.")}
+    ours = {k: tuple(v.shape) for k, v in lm.state_dict().items()}
+    assert theirs.keys() == ours.keys()
+    differ = {k for k in ours if ours[k] != theirs[k]}
+    assert differ == {k for k in ours if ".q_norm." in k or ".k_norm." in k}
+    assert all(ours[k] == (1, 128) and theirs[k] == (32, 128) for k in differ)
+    encoder_half = {k: tuple(v.shape) for k, v in vq.state_dict().items() if not k.startswith("decoder.")}
+    assert encoder_half == {k: tuple(v.shape) for k, v in hf_vq.state_dict().items()}
 
 
 def _save_lm_folder(lm: ChameleonLM, folder: Path, state: dict | None = None) -> Path:
@@ -265,6 +286,17 @@ def test_lumina_vqgan_decodes_and_loads_strictly(tmp_path: Path) -> None:
     _save_vqgan(vq, tmp_path / "short", drop="decoder.conv_out.bias")
     with pytest.raises(WeightsError, match=r"missing keys \[decoder\.conv_out\.bias\]"):
         load_vqgan(tmp_path / "short" / VQGAN_CKPT, tmp_path / "short" / VQGAN_YAML, torch.float32, False)
+
+
+def test_lumina_fetch_lists_the_repos_of_target_and_drafter() -> None:
+    from harness.assets.fetching import model_assets
+
+    found = model_assets(compose_cfg(["model=lumina_mgpt_1024", "model.local_dir=chameleon"]).model)
+    assert [(a.what.split()[-1], a.repo) for a in found] == [("target", "Alpha-VLLM/Lumina-mGPT-7B-1024"),
+                                                            ("drafter", "Alpha-VLLM/Lumina-mGPT-7B-512")]
+    assert {"config.json", "*.safetensors", "tokenizer.json"} <= set(found[0].patterns)
+    assert model_assets(compose_cfg(["model=lumina_mgpt_512", "model.target_path=copy"]).model) == []
+    assert model_assets(compose_cfg(["model=lumina_tiny"]).model) == []
 
 
 @pytest.mark.parametrize("local_dir", [None, "empty"])

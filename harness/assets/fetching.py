@@ -10,6 +10,7 @@ downloads the rest; `offline_missing` is the check, before generation, that a jo
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,6 +26,9 @@ for _client in ("httpx", "httpx2"):  # the hub client's HTTP library logs every 
 WEIGHT_KEYS = ("target_file", "drafter_file", "small_drafter_file", "vq_file", "tatok_file", "eagle_head_file",
                "eagle_head_config")
 CONDITIONER_KEYS = ("text_encoder", "llm")  # model nodes of a hub repo loaded through transformers
+# Whole-repo models (Lumina-mGPT): repo key -> the key of its local copy; the loader's module names the
+# files it reads in `HUB_FILES`. Their other files (Chameleon's VQGAN) are local only (`local_dir`).
+REPO_KEYS = {"target_repo": "target_path", "drafter_repo": "drafter_path"}
 
 
 class MissingAssetsError(InputError, FileNotFoundError):
@@ -49,6 +53,8 @@ def repo_of(model: DictConfig, key: str) -> str:
 
 def model_assets(model: DictConfig) -> list[Asset]:
     """The hub files a real model config reads (none with random_init, local_dir, or no hub repo)."""
+    if model.get("target_repo") and not model.get("random_init"):
+        return _repo_assets(model)
     if model.get("random_init") or model.get("local_dir") or not (model.get("repo_id") or model.get("tatok_repo")):
         return []
     by_repo: dict[str, list[str]] = {}
@@ -64,6 +70,21 @@ def model_assets(model: DictConfig) -> list[Asset]:
             files = _loader_files(node)
             found.append(HubFiles(f"model.{key}", str(node.repo_id), files, node.get("cache_dir"),
                                   required=("config.json",)))
+    return found
+
+
+def _repo_assets(model: DictConfig) -> list[Asset]:
+    """The repos of a whole-repo model config (target, and the drafter when it has a size), each with
+    the files its loader reads, unless a local copy is named."""
+    from hydra.utils import get_method
+
+    files = tuple(getattr(sys.modules[get_method(str(model._target_)).__module__], "HUB_FILES", ("*",)))
+    found: list[Asset] = []
+    for key, local in REPO_KEYS.items():
+        role = key.removesuffix("_repo")
+        if model.get(key) and not model.get(local) and (role == "target" or model.get("drafter_size") is not None):
+            found.append(HubFiles(f"model {model.get('name')} {role}", str(model.get(key)), files,
+                                  model.get("cache_dir"), required=("config.json",)))
     return found
 
 

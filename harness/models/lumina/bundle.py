@@ -35,7 +35,7 @@ from harness.models.lumina.vqgan import VQGAN, VQGANConfig, load_vqgan
 
 log = logging.getLogger(__name__)
 
-LM_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *HubTokenizer.FILES)
+HUB_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *HubTokenizer.FILES)
 VQGAN_CKPT = "tokenizer/vqgan.ckpt"
 VQGAN_YAML = "tokenizer/vqgan.yaml"
 DROPPED = "model.vqmodel."  # transformers' VQGAN encoder inside some Chameleon checkpoints
@@ -82,9 +82,14 @@ def read_config(folder: Path) -> dict[str, Any]:
 def load_lm(folder: Path, dtype: torch.dtype) -> ChameleonLM:
     """The Chameleon LM of a checkpoint folder, sizes from its config.json, loaded strictly."""
     arch = ChameleonArch.from_hf(read_config(folder), str(folder / "config.json"))
+    state = {k: v for k, v in read_lm_state(folder).items() if not k.startswith(DROPPED)}
+    norm = state.get("model.layers.0.self_attn.q_norm.weight")
+    if norm is not None and norm.dim() == 2 and norm.shape[0] in (1, arch.num_attention_heads):
+        # Lumina-mGPT's fork stores one q/k-norm affine per model-parallel shard, transformers'
+        # mainline one per head: the file says which
+        arch = replace(arch, qk_norm_shards=int(norm.shape[0]))
     with torch.device("meta"):
         lm = ChameleonLM(arch)
-    state = {k: v for k, v in read_lm_state(folder).items() if not k.startswith(DROPPED)}
     load_strict(lm, state, folder, "Chameleon LM", assign=True)
     log.info("loaded the Chameleon LM from %s (%d tensors)", folder, len(state))
     return lm.eval().to(dtype)
@@ -147,12 +152,12 @@ def build(name: str = "lumina_mgpt", target_repo: str = "Alpha-VLLM/Lumina-mGPT-
         special, order, folder = base, None, None
     else:
         ckpt, yaml = vqgan_files(local_dir)  # before the large downloads: the error a user can fix first
-        folder = Path(snapshot(target_repo, target_path, cache_dir, LM_FILES))
+        folder = Path(snapshot(target_repo, target_path, cache_dir, HUB_FILES))
         special, order = vocabulary(read_config(folder), base, str(folder / "config.json"))
         vq = load_vqgan(ckpt, yaml, dtype_of(vq_dtype), trust_pickle)
         lms = {"target": load_lm(folder, dtype_of(dtype))}
         if drafter_size is not None:
-            dfolder = Path(snapshot(str(drafter_repo), drafter_path, cache_dir, LM_FILES))
+            dfolder = Path(snapshot(str(drafter_repo), drafter_path, cache_dir, HUB_FILES))
             if vocabulary(read_config(dfolder), base, str(dfolder))[1] != order:
                 raise WeightsError(f"{dfolder} maps image codes to other vocabulary ids than {folder}: "
                                    "the drafter must share the target's tokenizer")
