@@ -6,7 +6,8 @@ seconds, before hours of generation:
 
 - a decoder config lists what it needs from the bundle in `requires` (`drafter`, `small_drafter`,
   `eagle_head`); a model config provides a part when its flag is true (`drafter: true`, the shapes
-  worlds), its file is named (`drafter_file: ...`, real models) or `provides` lists it (random
+  worlds), its file is named (`drafter_file: ...`, real models), its repo and size are (`drafter_repo`,
+  `drafter_size`: Lumina-mGPT) or `provides` lists it (random
   bundles). MuLo-SD also needs a whole grid ratio r = target size / drafter size.
 - an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...),
   and the prompt metadata it reads in `needs_metadata` (GenEval: `[tag, include]`): a `.txt`
@@ -61,7 +62,8 @@ def model_parts(model: DictConfig) -> set[str]:
     parts = set()
     for part in PARTS:
         flag, file = model.get(part), model.get(f"{part}_file")
-        if flag is True or (isinstance(file, str) and file) or part in listed:
+        repo = isinstance(model.get(f"{part}_repo"), str) and model.get(f"{part}_size") is not None  # Lumina-mGPT
+        if flag is True or (isinstance(file, str) and file) or repo or part in listed:
             parts.add(part)
     return parts
 
