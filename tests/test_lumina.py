@@ -11,17 +11,20 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
+from torch import Tensor
 
 from baselines.framework.acceptance import ExactRule
 from baselines.framework.drafts import JacobiDraft
 from baselines.framework.speculative import SpeculativeDecoder
 from baselines.methods.raster import RasterDecoder
 from harness.api import ConfigValueError, SamplingParams
+from harness.checks import build_decoder
 from harness.models.hub import WeightsError
 from harness.models.lumina.bundle import VQGAN_CKPT, VQGAN_YAML, load_lm, vocabulary
 from harness.models.lumina.chameleon import ChameleonArch, ChameleonLM
 from harness.models.lumina.layout import SpecialTokens, check_header, header
 from harness.models.lumina.vqgan import VQGAN, VQGANConfig, load_vqgan
+from harness.models.masks import attention_mask
 from harness.run import _build, guided
 from tests.conftest import compose_cfg
 
@@ -235,6 +238,42 @@ def test_lumina_batch_rows_equal_single_rows() -> None:
         alone = RasterDecoder(sampled).generate(models, bundle.condition(prompts[row:row + 1]), seeds[row:row + 1])
         assert torch.equal(both[row], alone.tokens[0])
     assert not torch.equal(both[0], both[1])
+
+
+@torch.inference_mode()
+def test_lumina_explicit_masks_map_onto_the_slots() -> None:
+    _, bundle = _randomised_tiny()
+    model, cond = bundle.target, bundle.condition(["a lighthouse"])
+    tokens = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(16)
+
+    def run(*steps: tuple[Tensor, Tensor | None]) -> Tensor:
+        model.setup_cache(1)
+        model.prefill(cond)
+        return [model(tokens[:, pos], pos, mask) for pos, mask in steps][-1]
+
+    causal = attention_mask(positions + model.prefix_len, model.cache_len)[None]
+    torch.testing.assert_close(run((positions, causal)), run((positions, None)))
+    # an island mask that hides row 0 hides its end-of-row token too: whether row 0 (and its <eol>)
+    # was written before or never, row 1 computes the same
+    row1 = positions[4:8]
+    island = causal[:, 4:8].clone()
+    island[..., model.prefix_len:model.prefix_len + 4] = False
+    after_row0 = run((positions[:4], None), (row1, island))
+    alone = run((row1, island))
+    torch.testing.assert_close(after_row0, alone)
+    assert not torch.allclose(after_row0, run((positions[:4], None), (row1, None)))  # row 0 matters when seen
+
+
+def test_lumina_mulo_sd_runs_with_the_low_resolution_drafter() -> None:
+    cfg, bundle = _randomised_tiny()
+    assert bundle.drafter.grid == (2, 2) and bundle.target.grid == (4, 4)
+    job = compose_cfg(["model=lumina_tiny", "decoder=[mulo_sd]"])
+    decoder = build_decoder("mulo_sd", job.decoder.mulo_sd)
+    sampling = _build(job.sampling, drop=())
+    out = decoder.generate(guided(bundle, sampling), bundle.condition(["a red cube", "a cat"]), [0, 1])
+    assert out.tokens.shape == (2, 16) and int(out.tokens.max()) < 64
+    assert all(s.drafter_forwards > 0 and s.tokens == 16 for s in out.stats)
 
 
 def test_lumina_sjd_runs_and_greedy_sjd_equals_raster() -> None:
