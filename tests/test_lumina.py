@@ -338,6 +338,51 @@ def test_lumina_fetch_lists_the_repos_of_target_and_drafter() -> None:
     assert model_assets(compose_cfg(["model=lumina_tiny"]).model) == []
 
 
+def _save_tokenizer(folder: Path, tokens: SpecialTokens) -> None:
+    """A word-level tokenizer with Chameleon's special token names at the tiny stand-in's ids, saved
+    as transformers saves a fast tokenizer (the layout of the checkpoint repos)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = "Generate an image of 64x64 according to the following prompt: a red cube".split()
+    vocab = {"<s>": tokens.bos, "<unk>": 1, "<reserved08706>": tokens.sep, **{w: 256 + i for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>")
+    fast.add_special_tokens({"additional_special_tokens": ["<reserved08706>"]})
+    assert fast.convert_tokens_to_ids("<reserved08706>") == tokens.sep
+    fast.save_pretrained(str(folder))
+
+
+def test_lumina_tiny_official_files_reload_through_the_loader(tmp_path: Path) -> None:
+    cfg, random = _randomised_tiny()
+    tokens = random.target.tokens
+    letters = "ABCDEFGHIJ"
+    vmap = {"<s>": 0, "<racm3:break>": tokens.image_start, "<eoss>": tokens.image_end,
+            "<reserved08799>": tokens.new_line, "<reserved08706>": 3, "<reserved08800>": tokens.size_base,
+            **{"IMGIMG" + "".join(letters[int(d)] for d in str(c)) + "Z": tokens.first_code + c for c in range(64)}}
+    for role, model in (("target", random.target), ("drafter", random.drafter)):
+        folder = _save_lm_folder(model.lm, tmp_path / role)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "vocabulary_map": vmap}))
+        _save_tokenizer(folder, tokens)
+    _save_vqgan(random.target.tokenizer, tmp_path / "chameleon")
+    _, loaded = _tiny(["model.random_init=false", f"model.target_path={tmp_path / 'target'}",
+                       f"model.drafter_path={tmp_path / 'drafter'}", f"model.local_dir={tmp_path / 'chameleon'}",
+                       "model.byte_tokenizer=null", "model.seed=5"])
+    for a, b in [(random.target, loaded.target), (random.drafter, loaded.drafter)]:
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ids = loaded.conditioner.prompt_ids("a red cube", 64, 64)
+    assert ids[0] == 0 and ids[-1] == 3 and 1 not in ids  # bos, every word known, the separator token
+    cond = loaded.condition(["a red cube"])
+    for model in (loaded.target, random.target):
+        model.setup_cache(1)
+    torch.testing.assert_close(loaded.target.prefill(cond), random.target.prefill(cond))
+    codes = torch.randint(0, 64, (1, 16))
+    assert torch.equal(loaded.target.decode(codes), random.target.decode(codes))
+
+
 @pytest.mark.parametrize("local_dir", [None, "empty"])
 def test_lumina_without_the_vqgan_fails_before_loading(tmp_path: Path, local_dir: str | None) -> None:
     err = _refusal(["model=lumina_mgpt_512"] + ([f"model.local_dir={tmp_path}"] if local_dir else []))

@@ -165,11 +165,13 @@ def build(name: str = "lumina_mgpt", target_repo: str = "Alpha-VLLM/Lumina-mGPT-
     if vq.cfg.n_embed != special.codes:
         raise ConfigValueError(f"the VQGAN has {vq.cfg.n_embed} codes but the vocabulary {special.codes} image tokens")
     if byte_tokenizer is not None:
-        tokenize = ByteTokenizer(byte_tokenizer)
+        turn: ByteTokenizer | HubTokenizer = ByteTokenizer(byte_tokenizer, special.sep)
     else:
-        hub_tok = HubTokenizer(str(folder))
-        special = replace(special, bos=hub_tok.bos)
-        tokenize = hub_tok
+        turn = HubTokenizer(str(folder))
+        if turn.sep != special.sep:
+            raise WeightsError(f"{folder}: the tokenizer's {HubTokenizer.SEP} is id {turn.sep}, the vocabulary map's "
+                               f"{special.sep}")
+        special = replace(special, bos=turn.bos)
     ids = code_ids(special, order)
     sizes = {"target": target_size, "drafter": drafter_size}
 
@@ -181,5 +183,5 @@ def build(name: str = "lumina_mgpt", target_repo: str = "Alpha-VLLM/Lumina-mGPT-
     drafter = model("drafter") if "drafter" in lms else None
     size_list = [target.size] + ([drafter.size] if drafter is not None else [])
     bundle = ModelBundle(name=name, target=target, drafter=drafter,
-                         conditioner=ChatConditioner(tokenize, size_list, prompt_slots, special))
+                         conditioner=ChatConditioner(turn, size_list, prompt_slots, special))
     return bundle.to(device) if device else bundle

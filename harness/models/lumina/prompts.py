@@ -52,17 +52,21 @@ class ChatCondition:
 
 
 class ChatConditioner:
-    """prompts -> ChatCondition: the official template at each size, `[bos] + tokenize(text) + [sep]`,
-    left-padded to `prompt_slots` (a longer prompt is refused, naming the key)."""
+    """prompts -> ChatCondition: the official template at each size, `[bos] + turn(text)` where `turn`
+    tokenizes the text with the end-of-turn separator, left-padded to `prompt_slots` (a longer prompt
+    is refused, naming the key)."""
 
-    def __init__(self, tokenize: Callable[[str], list[int]], sizes: Sequence[tuple[int, int]], prompt_slots: int,
+    def __init__(self, turn: Callable[[str], list[int]], sizes: Sequence[tuple[int, int]], prompt_slots: int,
                  tokens: SpecialTokens) -> None:
-        self.tokenize, self.sizes, self.prompt_slots, self.tokens = tokenize, tuple(sizes), prompt_slots, tokens
+        self.turn, self.sizes, self.prompt_slots, self.tokens = turn, tuple(sizes), prompt_slots, tokens
 
     def prompt_ids(self, prompt: str, width: int, height: int) -> list[int]:
-        """The official prompt ids of one image (FlexARItemProcessor.process_item with the template)."""
-        text = TEMPLATE.format(w=width, h=height, prompt=prompt)
-        return [self.tokens.bos, *self.tokenize(text), self.tokens.sep]
+        """The official prompt ids of one image (FlexARItemProcessor.process_item with the template:
+        the human turn and its separator, encoded with a leading bos)."""
+        ids = [self.tokens.bos, *self.turn(TEMPLATE.format(w=width, h=height, prompt=prompt))]
+        if ids[-1] != self.tokens.sep:
+            raise ValueError(f"the tokenized turn ends with id {ids[-1]}, not the separator {self.tokens.sep}")
+        return ids
 
     def __call__(self, prompts: Sequence[str]) -> ChatCondition:
         ids = torch.zeros(len(prompts), len(self.sizes), self.prompt_slots, dtype=torch.long)
@@ -79,26 +83,29 @@ class ChatConditioner:
 
 
 class ByteTokenizer:
-    """The tiny stand-in's text tokenizer: UTF-8 bytes at ids `base` .. `base` + 255."""
+    """The tiny stand-in's text tokenizer: UTF-8 bytes at ids `base` .. `base` + 255, then `sep`."""
 
-    def __init__(self, base: int) -> None:
-        self.base = base
+    def __init__(self, base: int, sep: int) -> None:
+        self.base, self.sep = base, sep
 
     def __call__(self, text: str) -> list[int]:
-        return [self.base + b for b in text.encode("utf-8")]
+        return [self.base + b for b in text.encode("utf-8")] + [self.sep]
 
 
 class HubTokenizer:
-    """Chameleon's BPE tokenizer of a Lumina-mGPT checkpoint folder (transformers AutoTokenizer),
-    encoding without special tokens as xllmx's Tokenizer.encode does."""
+    """Chameleon's BPE tokenizer of a Lumina-mGPT checkpoint folder (transformers AutoTokenizer): the
+    turn's text and its separator token encoded in one call without special tokens, as xllmx's
+    Tokenizer.encode encodes the conversation."""
 
-    FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+    SEP = "<reserved08706>"
 
     def __init__(self, folder: str) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.bos = self.tokenizer.bos_token_id
+        self.bos = int(self.tokenizer.bos_token_id)
+        self.sep = int(self.tokenizer.convert_tokens_to_ids(self.SEP))
 
     def __call__(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(text + self.SEP, add_special_tokens=False))
