@@ -206,6 +206,14 @@ class ChameleonLM(nn.Module):
         return self.model.norm(h)
 
     def logits(self, hidden: Tensor, rows: Tensor | None = None) -> Tensor:
-        """hidden [B, T, D] -> float logits [B, T, V] over the vocabulary ids `rows` [V] (None: all)."""
-        weight = self.lm_head.weight if rows is None else self.lm_head.weight[rows]
-        return F.linear(hidden, weight).float()
+        """hidden [B, T, D] -> float logits [B, T, V] over the vocabulary ids `rows` [V] (None: all).
+        The head's rows are gathered once per (rows, weights) and kept: a decode step reads them, not
+        a fresh copy."""
+        if rows is None:
+            return F.linear(hidden, self.lm_head.weight).float()
+        weight = self.lm_head.weight
+        version = 0 if weight.is_inference() else weight._version  # in-place edits of trained weights
+        key = (rows.data_ptr(), rows.numel(), weight.data_ptr(), version, weight.dtype, weight.device)
+        if getattr(self, "_rows_key", None) != key:
+            self._rows_key, self._rows_weight = key, weight[rows].detach()
+        return F.linear(hidden, self._rows_weight).float()
