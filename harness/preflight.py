@@ -73,13 +73,20 @@ def _requires(node: DictConfig) -> list[str]:
     return [str(r) for r in (node.get("requires") or [])]
 
 
+def _part_keys(part: str, model: DictConfig) -> str:
+    """The model keys that provide `part`: its file, or for whole-repo models (Lumina-mGPT) its repo and size."""
+    if f"{part}_repo" in model:
+        return f"model.{part}_repo and model.{part}_size"
+    return f"model.{part}_file"
+
+
 def decoder_problem(name: str, node: DictConfig, model: DictConfig) -> str | None:
     """Why decoder `name` cannot run on `model`, or None when it can."""
     missing = [part for part in _requires(node) if part in PARTS and part not in model_parts(model)]
     if missing:
         return (
             f"needs {' and '.join(missing)}, which model {model.get('name')!r} does not provide "
-            f"(set {', '.join(f'model.{m}_file' for m in missing)} or choose another model)"
+            f"(set {', '.join(_part_keys(m, model) for m in missing)} or choose another model)"
         )
     target, drafter = model.get("target_size"), model.get("drafter_size")
     if "drafter" in _requires(node) and isinstance(target, int) and isinstance(drafter, int):

@@ -338,6 +338,15 @@ def test_lumina_fetch_lists_the_repos_of_target_and_drafter() -> None:
     assert model_assets(compose_cfg(["model=lumina_tiny"]).model) == []
 
 
+def test_lumina_preflight_knows_which_configs_have_a_drafter() -> None:
+    from harness.preflight import decoder_problem, model_parts
+
+    assert "drafter" in model_parts(compose_cfg(["model=lumina_mgpt_1024"]).model)
+    job = compose_cfg(["model=lumina_mgpt_512", "decoder=[mulo_sd]"])
+    problem = decoder_problem("mulo_sd", job.decoder.mulo_sd, job.model)
+    assert problem is not None and "model.drafter_repo and model.drafter_size" in problem
+
+
 def _save_tokenizer(folder: Path, tokens: SpecialTokens) -> None:
     """A word-level tokenizer with Chameleon's special token names at the tiny stand-in's ids, saved
     as transformers saves a fast tokenizer (the layout of the checkpoint repos)."""
