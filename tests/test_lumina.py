@@ -253,7 +253,13 @@ def test_lumina_explicit_masks_map_onto_the_slots() -> None:
         return [model(tokens[:, pos], pos, mask) for pos, mask in steps][-1]
 
     causal = attention_mask(positions + model.prefix_len, model.cache_len)[None]
-    torch.testing.assert_close(run((positions, causal)), run((positions, None)))
+    whole = run((positions, None))
+    torch.testing.assert_close(run((positions, causal)), whole)
+    # any forward width: one token at a time, or windows across row ends, write and read the same
+    model.setup_cache(1)
+    model.prefill(cond)
+    windows = [positions[:1], positions[1:7], positions[7:8], positions[8:16]]
+    torch.testing.assert_close(torch.cat([model(tokens[:, w], w) for w in windows], 1), whole)
     # an island mask that hides row 0 hides its end-of-row token too: whether row 0 (and its <eol>)
     # was written before or never, row 1 computes the same
     row1 = positions[4:8]
