@@ -104,14 +104,6 @@ class SlotMap:
         return (positions % cols == cols - 1) & (positions < self.n_tokens - 1)
 
 
-def sequence_ids(tokens: SpecialTokens, prompt_ids: list[int], grid_tokens: Tensor, width: int,
-                 height: int) -> list[int]:
-    """The official full sequence of one image: prompt ids (bos .. sep), header, the rows of
-    `grid_tokens` [rows, cols] (as vocabulary ids) each followed by <eol>, then <image-end>."""
-    rows = [row + [tokens.new_line] for row in grid_tokens.tolist()]
-    return prompt_ids + header(tokens, width, height) + [t for row in rows for t in row] + [tokens.image_end]
-
-
 def code_ids(tokens: SpecialTokens, order: list[int] | None = None) -> Tensor:
     """[codes] vocabulary id of each VQGAN code: `order` (from the checkpoint's vocabulary map) or
     first_code + code."""
