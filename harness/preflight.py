@@ -6,10 +6,12 @@ seconds, before hours of generation:
 
 - a decoder config lists what it needs from the bundle in `requires` (`drafter`, `small_drafter`,
   `eagle_head`); a model config provides a part when its flag is true (`drafter: true`, the shapes
-  worlds), its file or repo is named (`drafter_file: ...`, `small_drafter_repo: ...`, real models)
-  or `provides` lists it (random bundles). A model that cannot have a part says why in `lacks`
-  (`lacks: {drafter: ...}`: Janus-Pro has no lower-resolution model), and a decoder needing it is
-  refused with that reason. MuLo-SD also needs a whole grid ratio r = target size / drafter size.
+  worlds), its file or repo is named (`drafter_file: ...`, `small_drafter_repo: ...`, real models;
+  a model whose config has `<part>_size` also needs that size: `drafter_repo` + `drafter_size`,
+  Lumina-mGPT) or `provides` lists it (random bundles). A model that cannot have a part says why
+  in `lacks` (`lacks: {drafter: ...}`: Janus-Pro has no lower-resolution model), and a decoder
+  needing it is refused with that reason. MuLo-SD also needs a whole grid ratio r = target size /
+  drafter size.
 - an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...),
   and the prompt metadata it reads in `needs_metadata` (GenEval: `[tag, include]`): a `.txt`
   prompts file carries none, and a prompt without them is refused once the prompts are read.
@@ -62,8 +64,11 @@ def model_parts(model: DictConfig) -> set[str]:
     listed = set(model.get("provides") or [])
     parts = set()
     for part in PARTS:
-        flag, file = model.get(part), model.get(f"{part}_file") or model.get(f"{part}_repo")
-        if flag is True or (isinstance(file, str) and file) or part in listed:
+        flag, file = model.get(part), model.get(f"{part}_file")
+        repo = isinstance(model.get(f"{part}_repo"), str) and bool(model.get(f"{part}_repo"))
+        if f"{part}_size" in model:  # a repo with a size (Lumina-mGPT's drafter): both named
+            repo = repo and model.get(f"{part}_size") is not None
+        if flag is True or (isinstance(file, str) and file) or repo or part in listed:
             parts.add(part)
     return parts
 
@@ -71,6 +76,13 @@ def model_parts(model: DictConfig) -> set[str]:
 def _requires(node: DictConfig) -> list[str]:
     """The `requires` list of a decoder or evaluator config (empty when absent)."""
     return [str(r) for r in (node.get("requires") or [])]
+
+
+def _part_keys(part: str, model: DictConfig) -> str:
+    """The model keys that provide `part`: its file, or for whole-repo models (Lumina-mGPT) its repo and size."""
+    if f"{part}_repo" in model:
+        return f"model.{part}_repo and model.{part}_size"
+    return f"model.{part}_file"
 
 
 def decoder_problem(name: str, node: DictConfig, model: DictConfig) -> str | None:
@@ -83,7 +95,7 @@ def decoder_problem(name: str, node: DictConfig, model: DictConfig) -> str | Non
     if missing:
         return (
             f"needs {' and '.join(missing)}, which model {model.get('name')!r} does not provide "
-            f"(set {', '.join(f'model.{m}_file' for m in missing)} or choose another model)"
+            f"(set {', '.join(_part_keys(m, model) for m in missing)} or choose another model)"
         )
     target, drafter = model.get("target_size"), model.get("drafter_size")
     if "drafter" in _requires(node) and isinstance(target, int) and isinstance(drafter, int):

@@ -12,6 +12,7 @@ downloads the rest; `offline_missing` is the check, before generation, that a jo
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,6 +29,9 @@ WEIGHT_KEYS = ("target_file", "drafter_file", "small_drafter_file", "vq_file", "
                "eagle_head_config")
 CONDITIONER_KEYS = ("text_encoder", "llm")  # model nodes of a hub repo loaded through transformers
 MODEL_REPO_KEYS = {"repo_id": "local_dir", "small_drafter_repo": "small_drafter_local_dir"}  # repo -> local copy
+# Whole-repo models (Lumina-mGPT): repo key -> the key of its local copy; the loader's module names the
+# files it reads in `HUB_FILES`. Their other files (Chameleon's VQGAN) are local only (`local_dir`).
+REPO_KEYS = {"target_repo": "target_path", "drafter_repo": "drafter_path"}
 
 
 class MissingAssetsError(InputError, FileNotFoundError):
@@ -55,6 +59,8 @@ def model_assets(model: DictConfig) -> list[Asset]:
     repo_files = _repo_files(model)
     if repo_files is not None:
         return _model_repos(model, repo_files)
+    if model.get("target_repo") and not model.get("random_init"):
+        return _repo_assets(model)
     if model.get("random_init") or model.get("local_dir") or not (model.get("repo_id") or model.get("tatok_repo")):
         return []
     by_repo: dict[str, list[str]] = {}
@@ -96,6 +102,21 @@ def _model_repos(model: DictConfig, files: tuple[str, ...]) -> list[Asset]:
     return [HubFiles(f"model {model.get('name')}" + ("" if key == "repo_id" else f" ({key})"), str(model.get(key)),
                      files, model.get("cache_dir"), required=("config.json",))
             for key, local in MODEL_REPO_KEYS.items() if model.get(key) and not model.get(local)]
+
+
+def _repo_assets(model: DictConfig) -> list[Asset]:
+    """The repos of a whole-repo model config (target, and the drafter when it has a size), each with
+    the files its loader reads, unless a local copy is named."""
+    from hydra.utils import get_method
+
+    files = tuple(getattr(sys.modules[get_method(str(model._target_)).__module__], "HUB_FILES", ("*",)))
+    found: list[Asset] = []
+    for key, local in REPO_KEYS.items():
+        role = key.removesuffix("_repo")
+        if model.get(key) and not model.get(local) and (role == "target" or model.get("drafter_size") is not None):
+            found.append(HubFiles(f"model {model.get('name')} {role}", str(model.get(key)), files,
+                                  model.get("cache_dir"), required=("config.json",)))
+    return found
 
 
 def _loader_files(node: DictConfig) -> tuple[str, ...]:

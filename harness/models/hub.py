@@ -119,9 +119,11 @@ def state_dict_of(obj: Any, path: Path, nested: tuple[str, ...] = NESTED) -> dic
     return out
 
 
-def load_strict(module: nn.Module, state: Mapping[str, Tensor], path: Path | str, what: str) -> None:
+def load_strict(module: nn.Module, state: Mapping[str, Tensor], path: Path | str, what: str,
+                assign: bool = False) -> None:
     """`module.load_state_dict(state, strict=True)` with an error listing missing / unexpected /
-    mis-shaped keys and naming the file."""
+    mis-shaped keys and naming the file. `assign`: the module's tensors become the file's (a module
+    built on the meta device, for large models)."""
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -134,7 +136,7 @@ def load_strict(module: nn.Module, state: Mapping[str, Tensor], path: Path | str
 
         raise WeightsError(f"{path} does not match the {what} architecture: missing keys [{show(missing)}]; "
                            f"unexpected keys [{show(unexpected)}]; shape mismatches [{show(shapes)}]")
-    module.load_state_dict(state, strict=True)
+    module.load_state_dict(state, strict=True, assign=assign)
 
 
 def load_file_into(module: nn.Module, path: Path, what: str, trust_pickle: bool = False,

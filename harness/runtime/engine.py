@@ -89,6 +89,12 @@ def apply(bundle: ModelBundle, engine: str, device: torch.device) -> int:
             count += 1
     _COMPILED[0] += count
     log.info("engine=compiled: %d model(s) compile their cached forward (mode %s)", count, mode(device))
+    compiled_roles = {role for role, _ in _gpts(bundle)}
+    eager = [role for role in ("target", "drafter", "small_drafter")
+             if getattr(bundle, role) is not None and role not in compiled_roles]
+    if eager:  # e.g. Lumina-mGPT's Chameleon LM, which has no compiled path
+        log.warning("engine=compiled: model %s has no compilable cached forward for its %s; eager there",
+                    bundle.name, " and ".join(eager))
     return count
 
 
