@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from baselines.framework.acceptance import ExactRule
+from baselines.framework.acceptance import ExactRule, _normalise
 from baselines.framework.drafts import Outcome
 from baselines.framework.speculative import SpeculativeDecoder
 from baselines.methods.coupled_jacobi import CoupledJacobiDraft, _CoupledRun, keyed_gumbel
+from baselines.methods.proactive import ProactiveDecoder, SiblingsWithoutReplacement
 from baselines.methods.raster import RasterDecoder
 from harness.api import ConfigValueError, ModelBundle, SamplingParams
 from harness.checks import build_decoder
@@ -123,18 +124,47 @@ def test_scd_exact_distribution_matches_the_target(coupling: str) -> None:
     assert tvd_b > 1.5 * bound and p_b < 1e-6, f"the test cannot see a biased coupling (TVD {tvd_b:.4f}, p {p_b:.2g})"
 
 
-def test_sjd_pac_exact_distribution_matches_the_target() -> None:
-    """As the scd test, for sjd_pac's configuration (its window and continuation) on the tiny model."""
-    params = SamplingParams(temperature=1.0)
+class _SiblingsKeepP(SiblingsWithoutReplacement):
+    """A biased tree rule (the negative control): later siblings are tested against the node's p
+    instead of the residual the earlier rejections leave (the drafts' q is updated correctly)."""
+
+    def siblings(self, dist: Tensor, xs: Tensor, valid: Tensor, u: Tensor, ctx) -> tuple[Tensor, Tensor]:
+        _, after = super().siblings(dist, xs, valid, u, ctx)  # what is left when all fail: as exact
+        p, q = dist, self.q
+        taken = torch.full(xs.shape[:-1], -1, dtype=torch.long, device=xs.device)
+        for j in range(xs.shape[-1]):  # the exact walk with p never replaced by the residual
+            x = xs[..., j:j + 1]
+            live = valid[..., j] & (taken < 0)
+            take = live & (u[..., j] * q.gather(-1, x)[..., 0] < p.gather(-1, x)[..., 0])
+            q = torch.where((live & ~take)[..., None], _normalise(q.scatter(-1, x, 0.0), q), q)
+            taken = torch.where(take, j, taken)
+        return taken, after
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "none"])
+def test_sjd_pac_exact_distribution_matches_the_target(coupling: str) -> None:
+    """As the scd test, for sjd_pac (a K = 2, D = 3 tree over a window of 2, with and without the
+    continuation) on the tiny model; its negative control tests later siblings against p instead of
+    the residual (`_SiblingsKeepP`)."""
+    params = SamplingParams(temperature=1.0, top_k=2, cfg_scale=1.5)
     models = guided(_tiny_bundle(), params)
-    prompt = "a blue square"
+    prompt = "a red circle"
     exact = _enumerated_target(models, prompt, params)
     samples = 3000
     bound = _noise_bound(exact, samples)
-    decoder = _decoder("sjd_pac", window=3)
-    decoder = SpeculativeDecoder(params, decoder.draft, decoder.accept, decoder.scope)
-    tvd, p_value = _tvd_and_p(_counts(decoder, models, prompt, samples), exact, samples)
+
+    def decoder() -> ProactiveDecoder:
+        return ProactiveDecoder(params, CoupledJacobiDraft(window=2, coupling=coupling), ExactRule(),
+                                tree_width=2, tree_depth=3)
+
+    fair = decoder()
+    counts = _counts(fair, models, prompt, samples)
+    tvd, p_value = _tvd_and_p(counts, exact, samples)
     assert tvd < bound and p_value > 1e-3, f"sjd_pac: TVD {tvd:.4f} (bound {bound:.4f}), p {p_value:.2g}"
+    biased = decoder()
+    biased.rule = _SiblingsKeepP()
+    tvd_b, p_b = _tvd_and_p(_counts(biased, models, prompt, samples), exact, samples)
+    assert tvd_b > bound and p_b < 1e-6, f"the test cannot see a biased tree rule (TVD {tvd_b:.4f}, p {p_b:.2g})"
 
 
 # ----------------------------------------------------------------------------- batches, options
@@ -176,9 +206,20 @@ def test_scd_exact_gumbel_noise_is_per_image_and_position() -> None:
     ("scd", "draft.window=0", "draft.window"),
     ("sjd_pac", "draft.coupling=sticky", "draft.coupling"),
     ("sjd_pac", "draft.window=-3", "draft.window"),
+    ("sjd_pac", "tree_width=0", "tree_width"),
+    ("sjd_pac", "tree_depth=0", "tree_depth"),
+    ("sjd_pac", "tree_depth=66", "tree_depth"),
 ])
 def test_field_exact_refuses_bad_options(name: str, override: str, key: str) -> None:
     """A refused option is named by its full key (harness/checks.build_decoder)."""
     cfg = compose_cfg([f"decoder=[{name}]", "model=random", f"decoder.{name}.{override}"])
     with pytest.raises(ConfigValueError, match=f"decoder.{name}.{key}".replace(".", r"\.")):
         build_decoder(name, cfg.decoder[name])
+
+
+def test_sjd_pac_exact_refuses_a_window_the_image_cannot_hold(bundle: ModelBundle) -> None:
+    """The window and the tree share one forward of window + 1 tokens: 64 + 1 > 16 on a 4 x 4 grid."""
+    decoder = _decoder("sjd_pac", window=64)
+    models = guided(bundle, decoder.sampling)
+    with pytest.raises(ConfigValueError, match=r"draft\.window"):
+        decoder.generate(models, models.condition(PROMPTS[:1]), [1])

@@ -53,6 +53,8 @@ class SpeculativeDecoder:
         name: decoder label; default "<draft>+<rule>+<scope>".
     """
 
+    cache_scratch = 0  # scratch cache slots a verification writes beyond the sequence's (none)
+
     def __init__(self, sampling: SamplingParams, draft: DraftSource, accept: AcceptanceRule,
                  scope: RejectionScope | None = None, resampler: Resampler | None = None,
                  name: str | None = None) -> None:
@@ -71,7 +73,10 @@ class SpeculativeDecoder:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
         target = models.target
         draft, scope = self._bound(models)
-        target.setup_cache(len(seeds))
+        if self.cache_scratch:  # draft-tree nodes beside the window (baselines/methods/proactive.py)
+            target.setup_cache(len(seeds), scratch=self.cache_scratch)
+        else:
+            target.setup_cache(len(seeds))
         logits = target.prefill(cond)  # [B, V]: position 0
         streams = ImageStreams(seeds, logits.device)
         ctx = Context(models=models, cond=cond, sampling=self.sampling, streams=streams, device=logits.device,
