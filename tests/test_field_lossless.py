@@ -216,10 +216,3 @@ def test_field_exact_refuses_bad_options(name: str, override: str, key: str) -> 
     with pytest.raises(ConfigValueError, match=f"decoder.{name}.{key}".replace(".", r"\.")):
         build_decoder(name, cfg.decoder[name])
 
-
-def test_sjd_pac_exact_refuses_a_window_the_image_cannot_hold(bundle: ModelBundle) -> None:
-    """The window and the tree share one forward of window + 1 tokens: 64 + 1 > 16 on a 4 x 4 grid."""
-    decoder = _decoder("sjd_pac", window=64)
-    models = guided(bundle, decoder.sampling)
-    with pytest.raises(ConfigValueError, match=r"draft\.window"):
-        decoder.generate(models, models.condition(PROMPTS[:1]), [1])

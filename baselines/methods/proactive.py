@@ -174,10 +174,6 @@ class ProactiveDecoder(SpeculativeDecoder):
 
     def _bound(self, models: ModelBundle):
         draft, scope = super()._bound(models)
-        n_tokens = models.target.grid[0] * models.target.grid[1]
-        if draft.length + 1 > n_tokens:
-            raise ConfigValueError(f"decoder draft.window ({draft.length}) + 1 must fit the image's {n_tokens} "
-                                   "tokens for the proactive tree (one forward holds the window and the tree)")
         if self.cache_scratch and not hasattr(models.target, "move_cache"):
             raise ConfigValueError(f"model {models.name!r}: its target ({type(models.target).__name__}) has no "
                                    "`move_cache`; the proactive tree needs scratch cache slots (set "
