@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from baselines.framework.acceptance import ExactRule, _normalise
-from baselines.framework.drafts import Outcome
+from baselines.framework.acceptance import ExactRule, _normalise, speculative_verdict
+from baselines.framework.drafts import Outcome, _JacobiRun
 from baselines.framework.speculative import SpeculativeDecoder
 from baselines.methods.coupled_jacobi import CoupledJacobiDraft, _CoupledRun, keyed_gumbel
 from baselines.methods.proactive import ProactiveDecoder, SiblingsWithoutReplacement
@@ -21,6 +21,7 @@ from harness.models.random.bundle import build
 from harness.run import _build, guided
 from harness.store.samples import plan
 from harness.runtime.randomness import ImageStreams
+from harness.runtime.sampling import sample_from
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 from tests.test_speculative import _enumerated_target, _noise_bound, _tiny_bundle
@@ -165,6 +166,42 @@ def test_sjd_pac_exact_distribution_matches_the_target(coupling: str) -> None:
     biased.rule = _SiblingsKeepP()
     tvd_b, p_b = _tvd_and_p(_counts(biased, models, prompt, samples), exact, samples)
     assert tvd_b > bound and p_b < 1e-6, f"the test cannot see a biased tree rule (TVD {tvd_b:.4f}, p {p_b:.2g})"
+
+
+class _ReleasedMaximalRun(_CoupledRun):
+    """The maximal coupling as SCD's released code books it (jacobi_iteration_lumina_mgpt_SCDMC.py
+    `__call__max`): a kept old guess keeps its old q for the next test, a redrawn one gets p."""
+
+    def observe(self, canvas, outcome: Outcome) -> None:
+        length = self.source.length
+        u = self.ctx.streams.draw((length,))
+        verdict = speculative_verdict(outcome.p[:, :length], self.q, self.tokens, u)
+        fresh = sample_from(verdict.residual, self.ctx.streams)
+        samples = torch.cat([torch.where(verdict.accept, self.tokens, fresh), outcome.samples[:, length:]], 1)
+        booked = torch.where(verdict.accept[..., None], self.q, outcome.p[:, :length])
+        booked = torch.cat([booked, outcome.p[:, length:]], 1)  # what the shift reads as each guess's q
+        _JacobiRun.observe(self, canvas, Outcome(start=outcome.start, p=booked, samples=samples, res=outcome.res))
+
+
+class _ReleasedMaximalDraft(CoupledJacobiDraft):
+    def start(self, ctx, canvas):
+        return _ReleasedMaximalRun(self, ctx, canvas)
+
+
+def test_scd_exact_released_maximal_bookkeeping_is_biased() -> None:
+    """A counterexample, measured: with the old q kept for a kept guess (the released code's
+    bookkeeping; `scd` books q = p, the law the kept guess actually has) the images drift from the
+    target. On the tiny model with seeds 0..2999 the chi-square test rejects it (p ~ 2e-5; TVD
+    ~0.033 stays under the TVD noise bound, so only the chi-square test sees it), while `scd`'s own
+    maximal coupling passes the same test (test_scd_exact_distribution_matches_the_target)."""
+    params = SamplingParams(temperature=1.0, top_k=2, cfg_scale=1.5)
+    models = guided(_tiny_bundle(), params)
+    prompt = "a red circle"
+    exact = _enumerated_target(models, prompt, params)
+    samples = 3000
+    draft = _ReleasedMaximalDraft(window=3, coupling="maximal")
+    tvd, p_value = _tvd_and_p(_counts(_tiny_decoder(params, draft), models, prompt, samples), exact, samples)
+    assert p_value < 1e-3, f"the released bookkeeping passed: TVD {tvd:.4f}, p {p_value:.2g}"
 
 
 # ----------------------------------------------------------------------------- batches, options
