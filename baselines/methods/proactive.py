@@ -228,7 +228,8 @@ class ProactiveDecoder(SpeculativeDecoder):
         canvas.frontier = torch.where(active, start + advance, start)
         run.observe(canvas, Outcome(start=start, p=p[:, :length + 1], samples=samples, res=res))
         self._record(rec, active, start, draft, res, 0)
-        ctx.count("tree_accepted", torch.where(active, (moving.sum(-1) > 0).float(), 0.0))
+        # verifications whose accepted path left the chain through a tree node (a result column)
+        ctx.count("tree_paths", torch.where(active, (moving.sum(-1) > 0).float(), 0.0))
         return None
 
     def _candidates(self, ctx: Context, draft: Draft) -> tuple[Tensor, Tensor]:
