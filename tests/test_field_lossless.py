@@ -1,7 +1,9 @@
-"""The lossless field decoders `sjd_pac` and `scd` (baselines/methods/coupled_jacobi.py): greedy
-decoding equals raster, the distribution of whole tiny images equals the target's by Monte Carlo
-(TVD under the sampling-noise bound and a chi-square p-value) while a deliberately biased coupling
-fails the same test, batch 1 = batch 4, and bad options refused by key."""
+"""The lossless field decoders `sjd_pac` (baselines/methods/proactive.py) and `scd`
+(baselines/methods/coupled_jacobi.py): greedy decoding equals raster; the distribution of whole tiny
+images (2 x 2 over 3 codes, enumerated by teacher forcing) equals the target's by Monte Carlo (TVD
+under the sampling-noise bound and a chi-square p-value) while a deliberately biased variant of each
+fails the same test; the released SCD maximal coupling's bookkeeping measured as biased; batch 1 =
+batch 4; bad options refused by their full key."""
 from __future__ import annotations
 
 import pytest
@@ -46,7 +48,7 @@ def _decoder(label: str, extra: list[str] | None = None, window: int = 5):
 
 
 @pytest.mark.parametrize("label", list(DECODERS))
-def test_field_exact_greedy_equals_raster(bundle: ModelBundle, label: str) -> None:
+def test_sjd_pac_and_scd_exact_greedy_equals_raster(bundle: ModelBundle, label: str) -> None:
     """sjd_pac / scd (every coupling) at temperature 0 give raster's tokens, in fewer forwards."""
     decoder = _decoder(label, ["sampling.temperature=0.0"])
     models = guided(bundle, decoder.sampling)
@@ -206,7 +208,7 @@ def test_scd_exact_released_maximal_bookkeeping_is_biased() -> None:
 
 # ----------------------------------------------------------------------------- batches, options
 @pytest.mark.parametrize("label", ["sjd_pac", "scd", "scd_maximal"])
-def test_field_exact_batch_size_does_not_change_images(bundle: ModelBundle, label: str) -> None:
+def test_sjd_pac_and_scd_exact_batch_size_does_not_change_images(bundle: ModelBundle, label: str) -> None:
     decoder = _decoder(label, window=4)
     models = guided(bundle, decoder.sampling)
     specs = plan(shapes(4), images_per_prompt=2, global_seed=5)
@@ -247,7 +249,7 @@ def test_scd_exact_gumbel_noise_is_per_image_and_position() -> None:
     ("sjd_pac", "tree_depth=0", "tree_depth"),
     ("sjd_pac", "tree_depth=66", "tree_depth"),
 ])
-def test_field_exact_refuses_bad_options(name: str, override: str, key: str) -> None:
+def test_sjd_pac_and_scd_exact_refuses_bad_options(name: str, override: str, key: str) -> None:
     """A refused option is named by its full key (harness/checks.build_decoder)."""
     cfg = compose_cfg([f"decoder=[{name}]", "model=random", f"decoder.{name}.{override}"])
     with pytest.raises(ConfigValueError, match=f"decoder.{name}.{key}".replace(".", r"\.")):
