@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from baselines.framework.acceptance import ExactRule, _normalise, accept_tree
+from baselines.framework.acceptance import ExactRule, TreeVerdict, _normalise, accept_tree
 from baselines.framework.canvas import Canvas, Context, span
 from baselines.framework.drafts import Draft, DraftRun, DraftSource, JacobiDraft, Outcome
 from baselines.framework.recorder import StatsRecorder
@@ -202,7 +202,7 @@ class ProactiveDecoder(SpeculativeDecoder):
             ok[:, node_depth < self.tree_depth - 1] = cand_ok[:, level[node_depth < self.tree_depth - 1]]
             children = children.masked_fill(~ok, -1)
         u = ctx.streams.draw((length, self.tree_width))
-        verdict = accept_tree(p, children, block, layout.depth.expand(b, -1), u, remaining, self.rule, ctx)
+        verdict = self._walk(p, children, block, layout.depth.expand(b, -1), u, remaining, ctx)
         self.rule.q = None
         a = verdict.accepted  # [B]
         final = inverse_cdf(verdict.dist, ctx.streams.draw((1,))[:, 0])  # the token after the path
@@ -231,6 +231,12 @@ class ProactiveDecoder(SpeculativeDecoder):
         # verifications whose accepted path left the chain through a tree node (a result column)
         ctx.count("tree_paths", torch.where(active, (moving.sum(-1) > 0).float(), 0.0))
         return None
+
+    def _walk(self, p: Tensor, children: Tensor, block: Tensor, depth: Tensor, u: Tensor, limit: Tensor,
+              ctx: Context) -> TreeVerdict:
+        """The accepted path: `accept_tree` with `self.rule` (its q set): p [B, n, V], children
+        [B, n, K], block [B, n], depth [B, n-1], u [B, L, K], limit [B]."""
+        return accept_tree(p, children, block, depth, u, limit, self.rule, ctx)
 
     def _candidates(self, ctx: Context, draft: Draft) -> tuple[Tensor, Tensor]:
         """The K candidates of tree levels 1..D-1 [B, D-1, K] and whether each could be drawn: rank
