@@ -4,6 +4,9 @@
     sjd           = jacobi draft + exact rule   + raster scope
     sd            = model draft  + exact rule   + raster scope
     lantern_chain = model draft  + lantern rule + raster scope
+    scd           = coupled jacobi draft (gumbel / maximal) + exact rule + raster scope
+    sjd_pac       = coupled jacobi draft (maximal) + exact rule over a proactive tree + raster scope
+                    (the step verifies a draft tree beside the window: baselines/methods/proactive.py)
     (MuLo-SD = lowres draft + pooled_threshold rule + local(l) scope + serial/parallel resampler)
 The paper's EAGLE-2 and LANTERN (`eagle2`, `lantern`) verify draft trees instead of chains:
 baselines/methods/tree_decoding.py.
