@@ -141,9 +141,15 @@ class _JacobiRun(DraftRun):
         src = advance[:, None] + span(length, advance.device)  # [B, L]
         fresh = src > length
         src = src.clamp(max=length)  # a fresh slot reads any sample: `_initialise` replaces it
-        tokens = outcome.samples.gather(1, src)
+        tokens = self._samples(outcome).gather(1, src)
         q = outcome.p[canvas.rows, src]  # [B, L, V]: the p each sample was drawn from
         self.tokens, self.q = self._initialise(canvas, tokens, q, fresh)
+
+    def _samples(self, outcome: Outcome) -> Tensor:
+        """The next guesses at offsets 0..L of the verified window [B, L+1], each distributed as
+        p there: SJD keeps the loop's samples (coupled sources, baselines/methods/coupled_jacobi.py,
+        draw them otherwise)."""
+        return outcome.samples
 
     def _initialise(self, canvas: Canvas, tokens: Tensor, q: Tensor,
                     fresh: Tensor) -> tuple[Tensor, Tensor]:

@@ -5,6 +5,9 @@
     gsd           = jacobi draft + grouped rule + raster scope   (baselines/methods/grouped.py)
     sd            = model draft  + exact rule   + raster scope
     lantern_chain = model draft  + lantern rule + raster scope
+    scd           = coupled jacobi draft (gumbel / maximal) + exact rule + raster scope
+    sjd_pac       = coupled jacobi draft (maximal) + exact rule over a proactive tree + raster scope
+                    (the step verifies a draft tree beside the window: baselines/methods/proactive.py)
     (MuLo-SD = lowres draft + pooled_threshold rule + local(l) scope + serial/parallel resampler)
 The paper's EAGLE-2 and LANTERN (`eagle2`, `lantern`) and LANTERN++ (`lantern_pp`) verify draft
 trees instead of chains: baselines/methods/tree_decoding.py.
@@ -54,6 +57,8 @@ class SpeculativeDecoder:
         name: decoder label; default "<draft>+<rule>+<scope>".
     """
 
+    cache_scratch = 0  # scratch cache slots a verification writes beyond the sequence's (none)
+
     def __init__(self, sampling: SamplingParams, draft: DraftSource, accept: AcceptanceRule,
                  scope: RejectionScope | None = None, resampler: Resampler | None = None,
                  name: str | None = None) -> None:
@@ -72,7 +77,10 @@ class SpeculativeDecoder:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
         target = models.target
         draft, scope = self._bound(models)
-        target.setup_cache(len(seeds))
+        if self.cache_scratch:  # draft-tree nodes beside the window (baselines/methods/proactive.py)
+            target.setup_cache(len(seeds), scratch=self.cache_scratch)
+        else:
+            target.setup_cache(len(seeds))
         logits = target.prefill(cond)  # [B, V]: position 0
         streams = ImageStreams(seeds, logits.device)
         ctx = Context(models=models, cond=cond, sampling=self.sampling, streams=streams, device=logits.device,

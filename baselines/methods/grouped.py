@@ -29,7 +29,7 @@ The embedding threshold is on a squared L2 distance, so it depends on the embedd
 is GSD's constant for Lumina-mGPT-7B's 4096-wide embedding. A model whose embedding rows are far
 apart (e.g. a small GPT initialised with unit-variance rows: squared distances ~ 2 x width) keeps
 no neighbour at 0.5 and decodes as SJD; one whose rows are close keeps every window code that
-passes the probability test. docs/field_lossy_decoders.md lists the typical distances of the
+passes the probability test. docs/field.md lists the typical distances of the
 project's models.
 """
 from __future__ import annotations
