@@ -11,7 +11,8 @@ seconds, before hours of generation:
   Lumina-mGPT) or `provides` lists it (random bundles). A model that cannot have a part says why
   in `lacks` (`lacks: {drafter: ...}`: Janus-Pro has no lower-resolution model), and a decoder
   needing it is refused with that reason. MuLo-SD also needs a whole grid ratio r = target size /
-  drafter size.
+  drafter size. A capability that is not a part (`draft_tree`: the model verifies draft-tree nodes
+  in scratch cache slots, `sjd_pac`) is assumed unless the model's `lacks` names it.
 - an evaluator config lists the prompt sets it can score in `requires` (`dataset:geneval`, ...),
   and the prompt metadata it reads in `needs_metadata` (GenEval: `[tag, include]`): a `.txt`
   prompts file carries none, and a prompt without them is refused once the prompts are read.
@@ -87,8 +88,11 @@ def _part_keys(part: str, model: DictConfig) -> str:
 
 def decoder_problem(name: str, node: DictConfig, model: DictConfig) -> str | None:
     """Why decoder `name` cannot run on `model`, or None when it can."""
-    missing = [part for part in _requires(node) if part in PARTS and part not in model_parts(model)]
     lacks = model.get("lacks") or {}
+    # a capability outside PARTS (`draft_tree`: scratch cache slots for a tree's nodes) is assumed
+    # unless the model's `lacks` names it
+    missing = [part for part in _requires(node)
+               if (part in PARTS and part not in model_parts(model)) or (part not in PARTS and lacks.get(part))]
     reasons = [f"needs {part}: {lacks[part]}" for part in missing if lacks.get(part)]
     if reasons:
         return "; ".join(reasons)

@@ -105,7 +105,7 @@ def test_janus_scratch_slots_and_move_cache_equal_direct_writes(bundle: ModelBun
     model.prefill(cond)
     model.forward(tokens[:, :3], torch.arange(3))
     scratch = model.slots + 1
-    mask = torch.arange(model.cache_len)[None, None] < model.prefix_len + 3
+    mask = torch.arange(model.total)[None, None] < model.prefix_len + 3
     mask[..., scratch] = True
     model.forward(tokens[:, 3:], torch.tensor([3]), mask, slots=torch.tensor([[scratch]]))
     unmoved = model.forward(later, torch.tensor([4]))  # slot 3 still empty

@@ -92,13 +92,26 @@ class JanusImageModel(nn.Module):
 
     @property
     def cache_len(self) -> int:
-        """S = prefix_len + rows*cols (+ scratch slots of a draft tree)."""
+        """S = prefix_len + rows*cols, as every model of the contract; a draft tree's scratch slots
+        follow at S .. S + scratch - 1 (`total`), as the GPT's do."""
+        return self.slots
+
+    @property
+    def total(self) -> int:
+        """Cache slots allocated: S plus the scratch slots of the last `setup_cache`."""
         return self.slots + self.scratch
 
     @property
     def raw_codebook(self) -> Tensor:
         """[V, 8] the VQ codes as stored (float32)."""
         return self.hf.model.vqmodel.quantize.embedding.weight.float()
+
+    @property
+    def token_embeddings(self) -> Tensor:
+        """[V, dim] the LLM input of each image code (generation embedding -> aligner): the space
+        GSD measures its groups in."""
+        codes = torch.arange(self.raw_codebook.shape[0], device=self.raw_codebook.device)
+        return self.hf.prepare_embeddings_for_image_generation(codes)
 
     @property
     def codebook(self) -> Tensor:
@@ -124,10 +137,10 @@ class JanusImageModel(nn.Module):
         if int(scratch) != scratch or scratch < 0:
             raise ValueError(f"scratch slots must be an integer >= 0, got {scratch!r}")
         self.scratch = int(scratch)
-        self.caches = [KVCache.reuse(c, batch_size, self.n_kv_head, self.cache_len, self.head_dim, self.dtype,
+        self.caches = [KVCache.reuse(c, batch_size, self.n_kv_head, self.total, self.head_dim, self.dtype,
                                      self.device) for c in self.caches]
-        if self.causal is None or self.causal.shape[0] != self.cache_len or self.causal.device != self.device:
-            self.causal = attention_mask(torch.arange(self.cache_len, device=self.device), self.cache_len)
+        if self.causal is None or self.causal.shape[0] != self.total or self.causal.device != self.device:
+            self.causal = attention_mask(torch.arange(self.total, device=self.device), self.total)
         self.keep = self.offset = self.last_hidden = None
 
     @torch.inference_mode()
@@ -168,8 +181,9 @@ class JanusImageModel(nn.Module):
             raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
         if mask is None:
             mask = self.causal[write]
-        elif mask.shape != (b, t, self.cache_len):
-            raise ValueError(f"mask must have shape {(b, t, self.cache_len)}, got {tuple(mask.shape)}")
+        elif mask.shape != (b, t, self.total):
+            raise ValueError(f"mask must have shape {(b, t, self.total)} (S = {self.cache_len} slots + "
+                             f"{self.scratch} scratch), got {tuple(mask.shape)}")
         x = self.hf.prepare_embeddings_for_image_generation(tokens)  # gen_embed -> gen_aligner
         return self._run(x, seq, mask.to(self.device), write)
 

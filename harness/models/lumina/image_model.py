@@ -64,6 +64,12 @@ class LuminaImageModel(nn.Module):
         return self.map.prefix
 
     @property
+    def token_embeddings(self) -> Tensor:
+        """[V, dim] the LM's input embedding of each image code (vocabulary ids `code_ids`): the
+        space GSD measures its groups in (its code reads Chameleon's `embed_tokens`)."""
+        return self.lm.model.embed_tokens.weight[self.code_ids]
+
+    @property
     def cache_len(self) -> int:
         return self.map.prefix + self.map.n_tokens
 
