@@ -31,7 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from harness.models.lumina.chameleon import ChameleonLM
-from harness.models.lumina.layout import HEADER, SlotMap, SpecialTokens, check_header, header
+from harness.models.lumina.layout import HEADER, SpecialTokens, check_header, header
+from harness.models.row_ends import SlotMap
 from harness.models.lumina.prompts import ChatCondition
 from harness.models.masks import attention_mask, hide
 from harness.models.wrapper import forwarded

@@ -1,6 +1,8 @@
 """Lumina-mGPT's sequence layout: the chat prompt, the image header, end-of-row tokens, and the map
 from image grid positions to sequence (cache) slots.
 
+The map from grid positions to slots is harness/models/row_ends.SlotMap.
+
 Official layout (Lumina-mGPT commit 104abe4: `lumina_mgpt/inference_solver.py`,
 `lumina_mgpt/data/item_processor.py`, `lumina_mgpt/data/convertsation.py`,
 `lumina_mgpt/generate_examples/generate.py`):
@@ -61,47 +63,6 @@ def check_header(tokens: SpecialTokens, ids: list[int], grid: tuple[int, int]) -
     if ids[0] != tokens.image_start or (rows, cols) != tuple(grid):
         raise ValueError(f"image header {ids} gives a {rows}x{cols} token grid (start {ids[0]}); the model's "
                          f"grid is {tuple(grid)} with start token {tokens.image_start}")
-
-
-@dataclass(frozen=True)
-class SlotMap:
-    """Where each grid token and each end-of-row token lives among the cache slots.
-
-    `prefix` slots hold the left-padded prompt and the header; then row r occupies `cols + 1`
-    slots: its tokens, then its <eol> (the last row's <eol> is never an input: the image ends).
-    The harness sees `prefix + rows * cols` slots (image position i at slot prefix + i)."""
-
-    prefix: int
-    grid: tuple[int, int]
-
-    @property
-    def n_tokens(self) -> int:
-        return self.grid[0] * self.grid[1]
-
-    @property
-    def slots(self) -> int:
-        """Cache slots of the sequence (one more, the trash slot, follows them)."""
-        rows, cols = self.grid
-        return self.prefix + rows * (cols + 1) - 1
-
-    @property
-    def trash(self) -> int:
-        """A slot no real query sees: padding inputs of a forward write there."""
-        return self.slots
-
-    def token_slot(self, positions: Tensor) -> Tensor:
-        """Image positions [...] -> their cache slots [...]."""
-        return self.prefix + positions + positions // self.grid[1]
-
-    def eol_slot(self, rows: Tensor) -> Tensor:
-        """Row indices [...] -> the cache slot of that row's <eol>."""
-        return self.prefix + rows * (self.grid[1] + 1) + self.grid[1]
-
-    def row_ends(self, positions: Tensor) -> Tensor:
-        """Image positions [...] -> bool: the last token of a row that another row follows (the
-        next input in the sequence is that row's <eol>)."""
-        cols = self.grid[1]
-        return (positions % cols == cols - 1) & (positions < self.n_tokens - 1)
 
 
 def code_ids(tokens: SpecialTokens, order: list[int] | None = None) -> Tensor:
