@@ -21,7 +21,8 @@ from tests.conftest import CONF, compose_cfg
 
 REAL = ("llamagen_xl_512", "tar_1.5b_512", "tar_7b_512", "tar_1.5b_1024", "tar_7b_1024")
 TINY = ("llamagen_tiny", "tar_tiny", "shapes", "shapes_x2", "random")
-BACKBONES = ("lumina_mgpt_512", "lumina_mgpt_1024", "lumina_tiny", "janus_pro_7b", "janus_pro_1b", "janus_tiny")
+BACKBONES = ("lumina_mgpt_512", "lumina_mgpt_1024", "lumina_tiny", "janus_pro_7b", "janus_pro_1b", "janus_tiny",
+             "emu3_gen", "emu3_tiny")
 EAGLE_ROWS = ("lantern_pp", "eagle2", "lantern")
 HAS_ENTROPY = (CONF / "decoder" / "sjd_entropy.yaml").is_file()
 ROWS = ["raster", "sjd", "sjd_pac", "scd", "gsd", "lantern_pp", *(["sjd_entropy"] if HAS_ENTROPY else []),
@@ -33,10 +34,10 @@ PROTOCOLS = {  # protocol -> (dataset, evaluators, batch size, timing.images, CL
 
 
 def _runnable(model: str) -> list[str]:
-    """The rows model `model` runs: no EAGLE head on Tar's real configs, Lumina-mGPT or Janus-Pro;
+    """The rows model `model` runs: no EAGLE head on Tar's real configs, Lumina-mGPT, Janus-Pro or Emu3;
     no MuLo-SD drafter for Janus-Pro or Lumina-mGPT below 1024 px; no draft-tree slots (sjd_pac) in
     Lumina-mGPT."""
-    no_head = (model.startswith("tar_") and model != "tar_tiny") or model.startswith(("lumina", "janus"))
+    no_head = (model.startswith("tar_") and model != "tar_tiny") or model.startswith(("lumina", "janus", "emu3"))
     no_drafter = model.startswith("janus") or model in ("lumina_mgpt_512", "lumina_mgpt_768")
     no_tree = model.startswith("lumina")
     return [r for r in ROWS if not (no_head and r in EAGLE_ROWS) and not (no_drafter and r == "mulo_sd")
