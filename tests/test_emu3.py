@@ -276,3 +276,47 @@ def test_emu3_fetch_lists_the_repo() -> None:
     assert all("*.safetensors" in a.patterns and "preprocessor_config.json" in a.patterns for a in assets)
     assert model_assets(compose_cfg(["model=emu3_gen", "model.local_dir=/x"]).model) == []
     assert model_assets(compose_cfg(["model=emu3_tiny"]).model) == []
+
+
+def test_emu3_gen_sized_config_gives_the_720px_grid() -> None:
+    """The Emu3-Gen layout (transformers' Emu3Config defaults: the 8B text model, the 32768-code VQ
+    model with 8x downsampling; built on the meta device, a vocabulary map of the same size): 90x90
+    tokens at 720 px with an end-of-row slot per row, the drafter 45x45 at 360 px."""
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    from harness.models.emu3.model import Emu3ImageModel
+
+    first = 151854  # an offset of the visual tokens in a 184622-token vocabulary (the map is read as given)
+    vocab = {tiny.visual_token(c): first + c for c in range(32768)} | {"<|extra_200|>": 151846, "<image>": 151847}
+    with torch.device("meta"):
+        hf = Emu3ForConditionalGeneration(Emu3Config(vocabulary_map=vocab))
+    target, drafter = Emu3ImageModel(hf, (90, 90), 256, 9), Emu3ImageModel(hf, (45, 45), 256, 9)
+    assert target.vocab_size == 32768 and target.image_size == 720 and drafter.image_size == 360
+    assert target.cache_len == 265 + 8100 and target.map.slots == 265 + 90 * 91 - 1 and len(target.layers) == 32
+    assert target.code_ids[5].item() == first + 5 and target.eol_id == 151846
+
+
+@pytest.mark.slow
+def test_emu3_tiny_runs_through_the_cli(tmp_path: Path) -> None:
+    """`python -m harness model=emu3_tiny` with the decoders Emu3 can run: images, stats, summary."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+    from PIL import Image
+
+    from tests.conftest import ROOT
+
+    out, decoders = tmp_path / "run", ["raster", "sjd", "sjd_pac", "scd", "gsd", "zipar", "mulo_sd"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    args = ["model=emu3_tiny", f"decoder=[{','.join(decoders)}]", "dataset_limit=2", "batch_size=2",
+            "warmup_batches=0", "threads=1", "device=cpu", f"hydra.run.dir={out}"]
+    res = subprocess.run([sys.executable, "-m", "harness", *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary[summary.metric == "latency_s"].decoder) == set(decoders)
+    for dec in decoders:
+        pngs = sorted((out / "samples" / dec).rglob("*.png"))
+        assert len(pngs) == 2 and Image.open(pngs[0]).size == (64, 64)
