@@ -1,7 +1,8 @@
 """Lumina-mGPT: the Chameleon LM against transformers' Chameleon, strict loading, the official header
 and end-of-row layout, greedy decoding against a reference generator that follows Lumina-mGPT's
 (commit 104abe4: `lumina_mgpt/inference_solver.py` with its CFG, candidate and top-k processors,
-`lumina_mgpt/data/item_processor.py`), batch independence, SJD, and the VQGAN's key layout."""
+`lumina_mgpt/data/item_processor.py`), batch independence, SJD, draft-tree scratch slots and greedy
+SJD-PAC, and the VQGAN's key layout."""
 from __future__ import annotations
 
 import json
@@ -294,6 +295,95 @@ def test_lumina_sjd_runs_and_greedy_sjd_equals_raster() -> None:
         guided(bundle, sampled), cond, [0, 1])
     assert run.tokens.shape == (2, 16) and int(run.tokens.max()) < 64
     assert all(s.target_forwards <= 16 and s.tokens == 16 for s in run.stats)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("at", [2, 3])
+def test_lumina_scratch_slots_and_move_cache_equal_direct_writes(at: int) -> None:
+    """A draft-tree node at position `at` (2: mid-row; 3: a row's last, with its <eol> twin): written
+    to a scratch slot at its position's rotation, it gives what writing it at its position gives
+    (its own logits, a tree child's), and moved to the position's slot it gives a later query the
+    same."""
+    _, bundle = _randomised_tiny()
+    model, cond = bundle.target, bundle.condition(["a lighthouse"])
+    tokens = torch.randint(0, model.vocab_size, (1, at + 1), generator=torch.Generator().manual_seed(2))
+    later = torch.tensor([[7]])
+    model.setup_cache(1)
+    model.prefill(cond)
+    direct_node = model.forward(tokens, torch.arange(at + 1))[:, -1:]
+    direct = model.forward(later, torch.tensor([at + 1]))
+    model.setup_cache(1, scratch=2)
+    assert model.total == model.cache_len + 2
+    model.prefill(cond)
+    model.forward(tokens[:, :at], torch.arange(at))
+    scratch = model.cache_len  # the first scratch slot
+    mask = torch.arange(model.total)[None, None] < model.prefix_len + at
+    mask[..., scratch] = True
+    node = model.forward(tokens[:, at:], torch.tensor([at]), mask, slots=torch.tensor([[scratch]]))
+    torch.testing.assert_close(node, direct_node, rtol=1e-5, atol=1e-5)  # at a row end: its <eol>'s logits
+    child_mask = mask.clone()
+    child_mask[..., scratch + 1] = True  # itself
+    child = model.forward(later, torch.tensor([at + 1]), child_mask, slots=torch.tensor([[scratch + 1]]))
+    torch.testing.assert_close(child, direct, rtol=1e-5, atol=1e-5)  # a tree child sees the node (and twin)
+    unmoved = model.forward(later, torch.tensor([at + 1]))  # slot `at` (and its row's <eol>) still empty
+    assert not torch.allclose(unmoved, direct, atol=1e-3)
+    model.move_cache(torch.tensor([[scratch]]), torch.tensor([[model.prefix_len + at]]))
+    torch.testing.assert_close(model.forward(later, torch.tensor([at + 1])), direct, rtol=1e-5, atol=1e-5)
+
+
+def test_lumina_scratch_slots_shape_errors_name_the_scratch() -> None:
+    _, bundle = _tiny()
+    model = bundle.target
+    with pytest.raises(ValueError, match="scratch slots must be an integer >= 0"):
+        model.setup_cache(1, scratch=-1)
+    model.setup_cache(1, scratch=3)
+    model.prefill(bundle.condition(["a cat"]))
+    with pytest.raises(ValueError, match="3 scratch"):
+        model.forward(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]),
+                      torch.ones(1, 1, model.cache_len, dtype=torch.bool))
+
+
+def test_lumina_greedy_sjd_pac_equals_raster() -> None:
+    _, bundle = _randomised_tiny()
+    cfg = compose_cfg(["model=lumina_tiny", "decoder=[sjd_pac]", "sampling.temperature=0.0"])
+    decoder = build_decoder("sjd_pac", cfg.decoder.sjd_pac)
+    assert decoder.cache_scratch > 0
+    models = guided(bundle, decoder.sampling)
+    cond = models.condition(["a red cube", "a blue sphere", "two dogs"])
+    raster = RasterDecoder(decoder.sampling).generate(models, cond, [0, 1, 2])
+    out = decoder.generate(models, cond, [3, 4, 5])
+    assert torch.equal(out.tokens, raster.tokens)
+    assert len(set(raster.tokens.flatten().tolist())) > 3, "a constant image would make the check vacuous"
+    assert all(s.tokens == 16 and s.target_forwards <= 16 for s in out.stats)
+
+
+def _sequence_cache(lm: ChameleonLM, slots: Tensor) -> list[Tensor]:
+    """Keys and values [R, H, len(slots), hd] of every layer at cache `slots`."""
+    caches = [layer.self_attn.kv_cache for layer in lm.model.layers]
+    return [c[:, :, slots].clone() for cache in caches for c in (cache.k_cache, cache.v_cache)]
+
+
+def test_lumina_sampled_sjd_pac_leaves_the_cache_of_its_tokens() -> None:
+    """A sampled SJD-PAC decode whose accepted paths leave the chain through tree nodes (moved from
+    scratch slots, <eol> twins included) ends with the cache a teacher-forced forward of its tokens
+    writes: every prefix, image and <eol> slot up to the last position (all fed by then)."""
+    _, bundle = _randomised_tiny()
+    cfg = compose_cfg(["model=lumina_tiny", "decoder=[sjd_pac]", "sampling.temperature=1.0"])
+    decoder = build_decoder("sjd_pac", cfg.decoder.sjd_pac)
+    models = guided(bundle, decoder.sampling)
+    cond = models.condition(["a red cube", "a blue sphere", "two dogs"])
+    out = decoder.generate(models, cond, [3, 4, 5])
+    assert sum(s.extra["tree_paths"] for s in out.stats) > 0, "no tree node was accepted: the check is vacuous"
+    m = bundle.target.map
+    n = m.n_tokens
+    slots = torch.cat([torch.arange(m.prefix), m.token_slot(torch.arange(n - 1)), m.eol_slot(torch.arange(m.grid[0] - 1))])
+    decoded = _sequence_cache(bundle.target.lm, slots)
+    with torch.inference_mode():
+        models.target.setup_cache(3)
+        models.target.prefill(cond)
+        models.target.forward(out.tokens[:, :n - 1], torch.arange(n - 1))
+    for got, want in zip(decoded, _sequence_cache(bundle.target.lm, slots)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def _save_vqgan(vq: VQGAN, root: Path, drop: str | None = None) -> None:

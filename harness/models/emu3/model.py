@@ -120,7 +120,7 @@ class Emu3ImageModel(nn.Module):
     @property
     def cache_slots(self) -> int:
         """Cache slots allocated: the sequence, the trash slot, scratch nodes and their twins."""
-        return self.map.slots + 1 + 2 * self.scratch
+        return self.map.cache_slots(self.scratch)
 
     @property
     def image_size(self) -> int:
@@ -148,33 +148,10 @@ class Emu3ImageModel(nn.Module):
         return self._head[1]
 
     # ---------------------------------------------------------------- slots
-    def _real(self, slots: Tensor) -> Tensor:
-        """Harness slots [...] (prefix, image positions, scratch) -> cache slots [...]."""
-        m = self.map
-        image = m.token_slot((slots - m.prefix).clamp(min=0))
-        scratch = m.slots + 1 + (slots - self.cache_len)
-        return torch.where(slots < m.prefix, slots, torch.where(slots < self.cache_len, image, scratch))
-
     def _slot_mask(self, mask: Tensor, positions: Tensor) -> Tensor:
         """Harness mask [B, T, S + m] of queries at image positions [B, T] -> mask over the cache
-        slots [B, T, cache_slots] (see the module docstring)."""
-        m = self.map
-        b, t, _ = mask.shape
-        out = torch.zeros(b, t, self.cache_slots, dtype=torch.bool, device=mask.device)
-        out[..., :m.prefix] = mask[..., :m.prefix]
-        grid = torch.arange(m.n_tokens, device=mask.device)
-        out[..., m.token_slot(grid)] = mask[..., m.prefix:self.cache_len]
-        rows = torch.arange(m.grid[0] - 1, device=mask.device)
-        last = (rows + 1) * m.grid[1] - 1  # the last position of each row that has an end-of-row token
-        out[..., m.eol_slot(rows)] = mask[..., m.prefix + last] & (positions[..., None] > last)
-        if self.scratch:
-            node = m.slots + 1
-            seen = mask[..., self.cache_len:]  # [B, T, m]
-            out[..., node:node + self.scratch] = seen
-            pos = self.scratch_pos[:, None, :]  # type: ignore[index]
-            twin = seen & m.row_ends(pos) & (positions[..., None] > pos)
-            out[..., node + self.scratch:] = twin
-        return out & self.keep[:, None, :]  # type: ignore[index]
+        slots [B, T, cache_slots] (row_ends.SlotMap.slot_mask), padded prompt slots hidden."""
+        return self.map.slot_mask(mask, positions, self.scratch_pos) & self.keep[:, None, :]  # type: ignore[arg-type, index]
 
     # ---------------------------------------------------------------- cache
     @torch.inference_mode()
@@ -192,17 +169,8 @@ class Emu3ImageModel(nn.Module):
     def move_cache(self, src: Tensor, dst: Tensor) -> None:
         """Copy harness slots src [B, A] to dst [B, A] in every layer (an accepted draft-tree path);
         a node moved to a row's last position brings its end-of-row twin to the row's slot."""
-        m = self.map
-        src, dst = src.to(self.device), dst.to(self.device)
-        pos = dst - m.prefix  # image positions of the destinations
-        ends = (dst >= m.prefix) & (dst < self.cache_len) & m.row_ends(pos)
-        from_scratch = src >= self.cache_len
-        src_eol = torch.where(from_scratch, self._real(src) + self.scratch,
-                              m.eol_slot(((src - m.prefix).clamp(min=0)) // m.grid[1]))
-        trash = torch.full_like(src, m.trash)
-        src_all = torch.cat([self._real(src), torch.where(ends, src_eol, trash)], 1)
-        dst_all = torch.cat([self._real(dst), torch.where(ends, m.eol_slot(pos.clamp(min=0) // m.grid[1]), trash)], 1)
-        rows = torch.arange(src.shape[0], device=self.device)[:, None]
+        src_all, dst_all = self.map.moves(src.to(self.device), dst.to(self.device), self.scratch)
+        rows = torch.arange(src_all.shape[0], device=self.device)[:, None]
         for cache in self.caches:
             if cache is None:
                 raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
@@ -247,40 +215,13 @@ class Emu3ImageModel(nn.Module):
         elif mask.shape != (b, t, self.total):
             raise ValueError(f"mask must have shape {(b, t, self.total)} (S = {self.cache_len} slots + "
                              f"{self.scratch} scratch), got {tuple(mask.shape)}")
-        node = write_h >= self.cache_len
-        if self.scratch and bool(node.any()):
-            rows = torch.arange(b, device=dev)[:, None].expand_as(write_h)
-            self.scratch_pos[rows[node], (write_h - self.cache_len)[node]] = positions[node]
+        m.note_nodes(self.scratch_pos, write_h, positions)
         slot_mask = self._slot_mask(mask.to(dev), positions)
-        write = self._real(write_h)
-        ids = self.code_ids[tokens]
-        seq = m.token_slot(positions)  # sequence slots: rotary positions + offset
-        ends = m.row_ends(positions)  # [B, T]: these inputs also run their row's end-of-row token
-        extra = int(ends.sum(1).max())
-        if extra:
-            # per batch row, the inputs ending a row first (stable), padded with trash inputs
-            order = torch.sort((~ends).to(torch.int8), dim=1, stable=True).indices[:, :extra]  # [B, E]
-            real = ends.gather(1, order)
-            own = write.gather(1, order)
-            eol_at = torch.where(own > m.slots, own + self.scratch, m.eol_slot(positions.gather(1, order) // m.grid[1]))
-            eol_write = torch.where(real, eol_at, torch.full_like(order, m.trash))
-            eol_mask = slot_mask.gather(1, order[..., None].expand(-1, -1, slot_mask.shape[-1])).clone()
-            eol_mask &= real[..., None]
-            eol_mask.scatter_(2, eol_write[..., None], True)  # itself (a trash input sees only the trash slot)
-            ids = torch.cat([ids, torch.full_like(order, self.eol_id)], 1)
-            write = torch.cat([write, eol_write], 1)
-            seq = torch.cat([seq, seq.gather(1, order) + 1], 1)
-            slot_mask = torch.cat([slot_mask, eol_mask], 1)
-        x = self.hf.model.text_model.embed_tokens(ids)
-        hidden = self._run(x, (seq - self.offset[:, None]).clamp(min=0), slot_mask, write)
-        out = hidden[:, :t]
-        if extra:
-            # an input ending a row returns its end-of-row token's hidden state
-            source = torch.arange(t, device=dev).expand(b, -1).clone()
-            rows = torch.arange(b, device=dev)[:, None].expand_as(order)
-            source[rows[real], order[real]] = t + torch.arange(extra, device=dev).expand(b, -1)[real]
-            out = hidden.gather(1, source[..., None].expand(-1, -1, hidden.shape[-1]))
-        return self._logits(out)
+        inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write_h), positions, slot_mask, self.eol_id,
+                                 self.scratch)
+        x = self.hf.model.text_model.embed_tokens(inputs.ids)
+        hidden = self._run(x, (inputs.seq - self.offset[:, None]).clamp(min=0), inputs.mask, inputs.write)
+        return self._logits(inputs.returned(hidden))
 
     def _logits(self, hidden: Tensor) -> Tensor:
         """Final-norm states [..., dim] -> float logits [..., V] of the image codes."""

@@ -193,6 +193,15 @@ class ChameleonLM(nn.Module):
             att.kv_cache = KVCache.reuse(att.kv_cache, batch_size, att.kv_heads, slots, att.head_dim,
                                          self.dtype, self.device)
 
+    def move_cache(self, src: Tensor, dst: Tensor) -> None:
+        """Copy the keys and values of cache slots src [B, A] to slots dst [B, A] in every layer."""
+        rows = torch.arange(src.shape[0], device=src.device)[:, None]
+        for layer in self.model.layers:
+            cache = layer.self_attn.kv_cache
+            if cache is None:
+                raise RuntimeError("KV cache is not set up: call setup_cache first")
+            cache.move(src, dst, rows)
+
     def hidden(self, ids: Tensor, positions: Tensor, mask: Tensor | None = None,
                slots: Tensor | None = None) -> Tensor:
         """ids [B, T] at rotary positions [B, T]; mask [B, T, S] bool (True = attend) with cache

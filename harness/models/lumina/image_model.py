@@ -1,5 +1,6 @@
 """`LuminaImageModel`: a Chameleon LM laid out as Lumina-mGPT generates, exposed through the
-ARImageModel contract (raster grid positions, static cache, logits over the VQGAN's codes).
+ARImageModel contract (raster grid positions, static cache, logits over the VQGAN's codes, scratch
+slots for draft-tree nodes and `move_cache`).
 
 What the harness sees: `prefix_len` condition slots (left-padded prompt, then the 3 header tokens)
 followed by `rows * cols` image positions, and `vocab_size` = the VQGAN's codes (8192). What runs:
@@ -13,6 +14,11 @@ by the end-of-row token <eol>. The wrapper hides it:
   seen by a query iff the query sees row r's last token and comes after it (query position > that
   token's), and an <eol> input sees what its row's last token sees, plus itself. Padded prompt slots
   are hidden from every query. So draft windows, trees and islands keep their meaning;
+* draft-tree nodes (scratch slots S .. S + m - 1 of the harness, S = `cache_len`) live in cache
+  slots after the sequence and a trash slot; a node at a row's last position writes its <eol> to a
+  twin scratch slot (m further on), which a query sees iff it sees the node and comes after its
+  position; `move_cache` moves a node's twin with it to the row's <eol> slot (the mapping is
+  harness/models/row_ends.SlotMap's, shared with Emu3). A node keeps its position's rotation;
 * logits are the LM head's rows of the 8192 image codes (the official sampler suppresses every
   other id at image positions), in VQGAN code order (`code_ids`: the vocabulary id of each code);
 * rotary positions count from each row's first real token (left padding shifts nothing), so a batch
@@ -57,8 +63,10 @@ class LuminaImageModel(nn.Module):
         self.header = header(tokens, width, height)
         check_header(tokens, self.header, self.grid)
         self.register_buffer("code_ids", code_ids.long(), persistent=False)
-        self.keep: Tensor | None = None  # [B, S + 1] bool: slots any query may see (padding hidden)
+        self.scratch = 0  # harness scratch slots of the last setup_cache (draft-tree nodes)
+        self.keep: Tensor | None = None  # [B, cache_slots] bool: slots any query may see (padding, trash hidden)
         self.offset: Tensor | None = None  # [B] rotary position of slot 0 is -offset
+        self.scratch_pos: Tensor | None = None  # [B, scratch] image position written to each scratch slot
 
     @property
     def prefix_len(self) -> int:
@@ -72,31 +80,55 @@ class LuminaImageModel(nn.Module):
 
     @property
     def cache_len(self) -> int:
-        return self.map.prefix + self.map.n_tokens
+        """S = prefix_len + rows*cols, the contract's; draft-tree scratch slots follow at S .. S + m - 1."""
+        return self.map.harness_len
+
+    @property
+    def total(self) -> int:
+        """Harness slots of the last `setup_cache`: S plus its scratch slots."""
+        return self.cache_len + self.scratch
+
+    @property
+    def cache_slots(self) -> int:
+        """Cache slots allocated: the sequence, the trash slot, scratch nodes and their twins."""
+        return self.map.cache_slots(self.scratch)
 
     @property
     def image_size(self) -> int:
         return max(self.size)
 
-    def setup_cache(self, batch_size: int) -> None:
-        self.lm.setup_cache(batch_size, self.map.slots + 1)  # + the trash slot
+    def setup_cache(self, batch_size: int, scratch: int = 0) -> None:
+        """A zeroed static cache for `batch_size` rows with `scratch` draft-tree node slots."""
+        if int(scratch) != scratch or scratch < 0:
+            raise ValueError(f"scratch slots must be an integer >= 0, got {scratch!r}")
+        self.scratch = int(scratch)
+        self.lm.setup_cache(batch_size, self.cache_slots)
         self.keep = self.offset = None
+        self.scratch_pos = torch.full((batch_size, self.scratch), -1, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def move_cache(self, src: Tensor, dst: Tensor) -> None:
+        """Copy harness slots src [B, A] to dst [B, A] in every layer (an accepted draft-tree path);
+        a node moved to a row's last position brings its <eol> twin to the row's <eol> slot."""
+        self.lm.move_cache(*self.map.moves(src.to(self.device), dst.to(self.device), self.scratch))
 
     # ---------------------------------------------------------------- prefix
     @torch.inference_mode()
     def prefill(self, cond: ChatCondition) -> Tensor:
         """Write prompt + header into the prefix slots; return logits [B, V] for position 0."""
+        if self.scratch_pos is None:
+            raise RuntimeError("KV cache is not set up: call setup_cache(batch_size) first")
         ids, keep = cond.to(self.device).rows(self.size)
         b, p = ids.shape
         head = torch.tensor(self.header, device=self.device).expand(b, -1)
         ids = torch.cat([ids, head], 1)  # [B, prefix]
         keep = torch.cat([keep, torch.ones(b, HEADER, dtype=torch.bool, device=self.device)], 1)
         self.offset = self.map.prefix - keep.sum(1)  # padding slots before the first real token
-        tail = torch.ones(b, self.map.slots + 1 - self.map.prefix, dtype=torch.bool, device=self.device)
+        tail = torch.ones(b, self.cache_slots - self.map.prefix, dtype=torch.bool, device=self.device)
         self.keep = torch.cat([keep, tail], 1)
         self.keep[:, self.map.trash] = False
         slots = torch.arange(self.map.prefix, device=self.device).expand(b, -1)
-        mask = hide(attention_mask(slots, self.map.slots + 1), slots, ~self.keep)
+        mask = hide(attention_mask(slots, self.cache_slots), slots, ~self.keep)
         hidden = self.lm.hidden(ids, self._rope(slots), mask, slots)
         return self.lm.logits(hidden[:, -1], self.code_ids)
 
@@ -107,60 +139,35 @@ class LuminaImageModel(nn.Module):
 
     # ---------------------------------------------------------------- image positions
     def _slot_mask(self, mask: Tensor, positions: Tensor) -> Tensor:
-        """Harness mask [B, T, prefix + N] of queries at image positions [B, T] -> mask over the
-        cache slots [B, T, S + 1] (see the module docstring)."""
-        m = self.map
-        b, t, _ = mask.shape
-        out = torch.zeros(b, t, m.slots + 1, dtype=torch.bool, device=mask.device)
-        out[..., :m.prefix] = mask[..., :m.prefix]
-        grid = torch.arange(m.n_tokens, device=mask.device)
-        out[..., m.token_slot(grid)] = mask[..., m.prefix:]
-        rows = torch.arange(m.grid[0] - 1, device=mask.device)
-        last = (rows + 1) * m.grid[1] - 1  # the last position of each row that has an <eol>
-        out[..., m.eol_slot(rows)] = mask[..., m.prefix + last] & (positions[..., None] > last)
-        return out & self.keep[:, None, :]  # type: ignore[index]
+        """Harness mask [B, T, S + m] of queries at image positions [B, T] -> mask over the cache
+        slots [B, T, cache_slots] (see the module docstring), padded prompt slots hidden."""
+        return self.map.slot_mask(mask, positions, self.scratch_pos) & self.keep[:, None, :]  # type: ignore[arg-type, index]
 
     @torch.inference_mode()
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
-        """tokens [B, T] (VQGAN codes) at image positions [T] or [B, T]; mask [B, T, cache_len] bool
-        or None (the prefix and every position <= the query's) -> float logits [B, T, V] for
-        positions + 1."""
-        if self.keep is None:
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,  # type: ignore[override]
+                slots: Tensor | None = None) -> Tensor:
+        """tokens [B, T] (VQGAN codes) at image positions [T] or [B, T] -> float logits [B, T, V] for
+        positions + 1; mask [B, T, S + m] bool (None: slot-causal); slots [B, T] harness slots to
+        write (None: each position's own; scratch slots S.. hold draft-tree nodes, which keep their
+        positions' rotation)."""
+        if self.keep is None or self.scratch_pos is None:
             raise RuntimeError("call setup_cache and prefill before forward")
         m, dev = self.map, self.device
         tokens = tokens.to(dev)
         b, t = tokens.shape
         positions = positions.to(dev).expand(b, -1)
+        write = positions + m.prefix if slots is None else slots.to(dev).expand(b, -1)
         if mask is None:
-            mask = attention_mask(positions + m.prefix, self.cache_len)
-        elif mask.shape != (b, t, self.cache_len):
-            raise ValueError(f"mask must have shape {(b, t, self.cache_len)}, got {tuple(mask.shape)}")
+            mask = attention_mask(write, self.total)
+        elif mask.shape != (b, t, self.total):
+            raise ValueError(f"mask must have shape {(b, t, self.total)} (S = {self.cache_len} slots + "
+                             f"{self.scratch} scratch), got {tuple(mask.shape)}")
+        m.note_nodes(self.scratch_pos, write, positions)
         slot_mask = self._slot_mask(mask.to(dev), positions)
-        write = m.token_slot(positions)
-        ids = self.code_ids[tokens]
-        ends = m.row_ends(positions)  # [B, T]: these inputs also run their row's <eol>
-        extra = int(ends.sum(1).max())
-        if extra:
-            # per batch row, the inputs ending a row first (stable), padded with trash inputs
-            order = torch.sort((~ends).to(torch.int8), dim=1, stable=True).indices[:, :extra]  # [B, E]
-            real = ends.gather(1, order)
-            eol_write = torch.where(real, m.eol_slot(positions.gather(1, order) // m.grid[1]),
-                                    torch.full_like(order, m.trash))
-            eol_mask = slot_mask.gather(1, order[..., None].expand(-1, -1, slot_mask.shape[-1])).clone()
-            eol_mask &= real[..., None]
-            eol_mask.scatter_(2, eol_write[..., None], True)  # itself (a trash input sees only the trash slot)
-            ids = torch.cat([ids, torch.full_like(order, self.tokens.new_line)], 1)
-            write = torch.cat([write, eol_write], 1)
-            slot_mask = torch.cat([slot_mask, eol_mask], 1)
-        hidden = self.lm.hidden(ids, self._rope(write), slot_mask, write)
-        out = hidden[:, :t]
-        if extra:
-            # an input ending a row returns its <eol>'s hidden state
-            source = torch.arange(t, device=dev).expand(b, -1).clone()
-            rows = torch.arange(b, device=dev)[:, None].expand_as(order)
-            source[rows[real], order[real]] = t + torch.arange(extra, device=dev).expand(b, -1)[real]
-            out = hidden.gather(1, source[..., None].expand(-1, -1, hidden.shape[-1]))
-        return self.lm.logits(out, self.code_ids)
+        inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write), positions, slot_mask,
+                                 self.tokens.new_line, self.scratch)
+        hidden = self.lm.hidden(inputs.ids, self._rope(inputs.seq), inputs.mask, inputs.write)
+        return self.lm.logits(inputs.returned(hidden), self.code_ids)
 
     # ---------------------------------------------------------------- pixels
     @torch.inference_mode()
