@@ -1,12 +1,13 @@
 """The field's lossless decoders on every backbone's stand-in (`lumina_tiny`, `janus_tiny`,
 `emu3_tiny`): greedy SJD, SCD (both couplings) and SJD-PAC give raster's tokens through each model's
 own layout (end-of-row slots, left-padded prompts, draft-tree scratch slots), and a sampled image
-does not depend on its batch. SJD-PAC is refused at composition where a model has no draft-tree
-slots (Lumina-mGPT), with the reason."""
+does not depend on its batch. SJD-PAC is refused at composition where a model config's `lacks`
+names draft-tree slots, with the reason."""
 from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import open_dict
 
 from baselines.methods.raster import RasterDecoder
 from harness import preflight
@@ -73,9 +74,13 @@ def test_lossless_decoders_sampled_images_do_not_depend_on_the_batch(backbone, l
 
 
 def test_sjd_pac_is_refused_where_no_tree_slots() -> None:
+    """A model config whose `lacks` names draft_tree refuses SJD-PAC with its reason; every
+    backbone's stand-in (Lumina-mGPT's included) has the slots."""
     cfg = _cfg("lumina_tiny", "sjd_pac", [])
+    with open_dict(cfg.model):
+        cfg.model.lacks = {"draft_tree": "no scratch cache slots for draft-tree nodes"}
     reason = preflight.decoder_problem("sjd_pac", cfg.decoder.sjd_pac, cfg.model)
     assert reason is not None and "draft_tree" in reason and "scratch cache slots" in reason
-    for model in ("janus_tiny", "emu3_tiny", "shapes"):
+    for model in (*BACKBONES, "shapes"):
         cfg = _cfg(model, "sjd_pac", [])
         assert preflight.decoder_problem("sjd_pac", cfg.decoder.sjd_pac, cfg.model) is None, model

@@ -35,13 +35,10 @@ PROTOCOLS = {  # protocol -> (dataset, evaluators, batch size, timing.images, CL
 
 def _runnable(model: str) -> list[str]:
     """The rows model `model` runs: no EAGLE head on Tar's real configs, Lumina-mGPT, Janus-Pro or Emu3;
-    no MuLo-SD drafter for Janus-Pro or Lumina-mGPT below 1024 px; no draft-tree slots (sjd_pac) in
-    Lumina-mGPT."""
+    no MuLo-SD drafter for Janus-Pro or Lumina-mGPT below 1024 px."""
     no_head = (model.startswith("tar_") and model != "tar_tiny") or model.startswith(("lumina", "janus", "emu3"))
     no_drafter = model.startswith("janus") or model in ("lumina_mgpt_512", "lumina_mgpt_768")
-    no_tree = model.startswith("lumina")
-    return [r for r in ROWS if not (no_head and r in EAGLE_ROWS) and not (no_drafter and r == "mulo_sd")
-            and not (no_tree and r == "sjd_pac")]
+    return [r for r in ROWS if not (no_head and r in EAGLE_ROWS) and not (no_drafter and r == "mulo_sd")]
 
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
