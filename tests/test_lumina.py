@@ -373,10 +373,11 @@ def test_lumina_sampled_sjd_pac_leaves_the_cache_of_its_tokens() -> None:
     models = guided(bundle, decoder.sampling)
     cond = models.condition(["a red cube", "a blue sphere", "two dogs"])
     out = decoder.generate(models, cond, [3, 4, 5])
-    assert sum(s.extra["tree_paths"] for s in out.stats) > 0, "no tree node was accepted: the check is vacuous"
+    assert sum(s.extra["tree_paths"] for s in out.stats) > 0, "no tree node accepted: a vacuous check"
     m = bundle.target.map
     n = m.n_tokens
-    slots = torch.cat([torch.arange(m.prefix), m.token_slot(torch.arange(n - 1)), m.eol_slot(torch.arange(m.grid[0] - 1))])
+    slots = torch.cat([torch.arange(m.prefix), m.token_slot(torch.arange(n - 1)),
+                       m.eol_slot(torch.arange(m.grid[0] - 1))])
     decoded = _sequence_cache(bundle.target.lm, slots)
     with torch.inference_mode():
         models.target.setup_cache(3)

@@ -162,7 +162,8 @@ class SlotMap:
         order = torch.sort((~ends).to(torch.int8), dim=1, stable=True).indices[:, :extra]  # [B, E]
         real = ends.gather(1, order)
         own = write.gather(1, order)
-        eol_at = torch.where(own > self.slots, own + scratch, self.eol_slot(positions.gather(1, order) // self.grid[1]))
+        row_eol = self.eol_slot(positions.gather(1, order) // self.grid[1])
+        eol_at = torch.where(own > self.slots, own + scratch, row_eol)  # a scratch node's: its twin
         eol_write = torch.where(real, eol_at, torch.full_like(order, self.trash))
         eol_mask = mask.gather(1, order[..., None].expand(-1, -1, mask.shape[-1])).clone()
         eol_mask &= real[..., None]

@@ -151,7 +151,8 @@ class Emu3ImageModel(nn.Module):
     def _slot_mask(self, mask: Tensor, positions: Tensor) -> Tensor:
         """Harness mask [B, T, S + m] of queries at image positions [B, T] -> mask over the cache
         slots [B, T, cache_slots] (row_ends.SlotMap.slot_mask), padded prompt slots hidden."""
-        return self.map.slot_mask(mask, positions, self.scratch_pos) & self.keep[:, None, :]  # type: ignore[arg-type, index]
+        assert self.keep is not None and self.scratch_pos is not None
+        return self.map.slot_mask(mask, positions, self.scratch_pos) & self.keep[:, None, :]
 
     # ---------------------------------------------------------------- cache
     @torch.inference_mode()
@@ -217,8 +218,8 @@ class Emu3ImageModel(nn.Module):
                              f"{self.scratch} scratch), got {tuple(mask.shape)}")
         m.note_nodes(self.scratch_pos, write_h, positions)
         slot_mask = self._slot_mask(mask.to(dev), positions)
-        inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write_h), positions, slot_mask, self.eol_id,
-                                 self.scratch)
+        inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write_h), positions, slot_mask,
+                                 self.eol_id, self.scratch)
         x = self.hf.model.text_model.embed_tokens(inputs.ids)
         hidden = self._run(x, (inputs.seq - self.offset[:, None]).clamp(min=0), inputs.mask, inputs.write)
         return self._logits(inputs.returned(hidden))

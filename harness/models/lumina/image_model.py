@@ -64,7 +64,7 @@ class LuminaImageModel(nn.Module):
         check_header(tokens, self.header, self.grid)
         self.register_buffer("code_ids", code_ids.long(), persistent=False)
         self.scratch = 0  # harness scratch slots of the last setup_cache (draft-tree nodes)
-        self.keep: Tensor | None = None  # [B, cache_slots] bool: slots any query may see (padding, trash hidden)
+        self.keep: Tensor | None = None  # [B, cache_slots] bool: slots a query may see (not padding, trash)
         self.offset: Tensor | None = None  # [B] rotary position of slot 0 is -offset
         self.scratch_pos: Tensor | None = None  # [B, scratch] image position written to each scratch slot
 
@@ -141,7 +141,8 @@ class LuminaImageModel(nn.Module):
     def _slot_mask(self, mask: Tensor, positions: Tensor) -> Tensor:
         """Harness mask [B, T, S + m] of queries at image positions [B, T] -> mask over the cache
         slots [B, T, cache_slots] (see the module docstring), padded prompt slots hidden."""
-        return self.map.slot_mask(mask, positions, self.scratch_pos) & self.keep[:, None, :]  # type: ignore[arg-type, index]
+        assert self.keep is not None and self.scratch_pos is not None
+        return self.map.slot_mask(mask, positions, self.scratch_pos) & self.keep[:, None, :]
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,  # type: ignore[override]
