@@ -84,3 +84,14 @@ def test_sjd_pac_is_refused_where_no_tree_slots() -> None:
     for model in (*BACKBONES, "shapes"):
         cfg = _cfg(model, "sjd_pac", [])
         assert preflight.decoder_problem("sjd_pac", cfg.decoder.sjd_pac, cfg.model) is None, model
+
+
+@pytest.mark.parametrize("model", ["lumina_mgpt_512", "lumina_mgpt_1024", "janus_pro_7b", "emu3_gen"])
+def test_paper_main_composes_for_each_backbone(model: str) -> None:
+    """The paper's table on a later backbone: raster, ZipAR and MuLo-SD where the model has its
+    drafter; the EAGLE-head rows skipped with the reason."""
+    jobs = preflight.plan(compose_cfg(["+experiment=paper_main", f"model={model}"]))
+    drafter = model in ("lumina_mgpt_1024", "emu3_gen")
+    assert jobs.decoders == ["raster", "zipar", *(["mulo_sd"] if drafter else [])]
+    assert all("eagle_head" in jobs.skipped[row] for row in ("eagle2", "lantern"))
+    assert drafter or "drafter" in jobs.skipped["mulo_sd"]
