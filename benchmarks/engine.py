@@ -1,6 +1,6 @@
 """How much of a decode step is the method, and how much is Python, launches and the host.
 
-    python benchmarks/engine.py [--device auto] [--steps 32] [--decoders raster,sjd,sjd_pac,scd,eagle2,zipar,mulo_sd]
+    python benchmarks/engine.py [--device auto] [--steps 32] [--decoders raster,sjd,sjd_pac,scd,gsd,eagle2,lantern_pp,zipar,mulo_sd]
 
 Three tables, all measured in this one run:
 
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/engine.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--steps", type=int, default=32, help="timed single-token steps per model")
-    ap.add_argument("--decoders", default="raster,sjd,sjd_pac,scd,eagle2,lantern,zipar,mulo_sd",
+    ap.add_argument("--decoders", default="raster,sjd,sjd_pac,scd,gsd,eagle2,lantern,lantern_pp,zipar,mulo_sd",
                     help="decoders of the dispatch table")
     ap.add_argument("--no-compile", action="store_true", help="skip the engine=compiled column")
     ap.add_argument("--threads", type=int, default=None)
