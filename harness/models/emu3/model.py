@@ -41,7 +41,8 @@ from torch import Tensor, nn
 from harness.models.emu3.condition import Emu3Prompt
 from harness.models.masks import attention_mask, hide
 from harness.models.row_ends import SlotMap
-from harness.models.transformer import KVCache, attend
+from harness.models.llama_layers import rotary, run_layers
+from harness.models.transformer import KVCache
 
 
 class Emu3ImageModel(nn.Module):
@@ -86,9 +87,7 @@ class Emu3ImageModel(nn.Module):
         self.offset: Tensor | None = None  # [B] padding slots of each row (rotary shift)
         self.scratch_pos: Tensor | None = None  # [B, scratch] image position written to each scratch slot
         self._head: tuple[Any, Tensor] | None = None  # (weight version key, [V, dim] LM head rows)
-        from transformers.models.emu3.modeling_emu3 import apply_rotary_pos_emb
-
-        self._rope = apply_rotary_pos_emb  # rotate-half rotary embedding
+        self._rope = rotary("emu3")  # rotate-half rotary embedding
 
     # ---------------------------------------------------------------- properties
     @property
@@ -233,23 +232,9 @@ class Emu3ImageModel(nn.Module):
         [B, T, cache_slots] -> final-norm hidden states [B, T, dim]."""
         text = self.hf.model.text_model
         cos, sin = text.rotary_emb(x, positions)
-        mask4 = mask[:, None]  # [B, 1, T, S]: every head
-        h = x
-        for layer, cache in zip(self.layers, self.caches):
-            h = h + self._attention(layer, layer.input_layernorm(h), cos, sin, mask4, write, cache)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = run_layers(self.layers, self.caches, x, cos, sin, mask, write,
+                       (self.n_head, self.n_kv_head, self.head_dim), self._rope)
         return text.norm(h)
-
-    def _attention(self, layer: Any, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, write: Tensor,
-                   cache: KVCache | None) -> Tensor:
-        """One Emu3 (Llama) attention over the cache: x [B, T, dim] -> [B, T, dim]."""
-        att = layer.self_attn
-        b, t, _ = x.shape
-        q = att.q_proj(x).view(b, t, self.n_head, self.head_dim)
-        k = att.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
-        v = att.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
-        q, k = self._rope(q, k, cos, sin, unsqueeze_dim=2)  # cos / sin [B, T, hd]; heads are dim 2 here
-        return att.o_proj(attend(q, k, v, None, mask, write, cache))
 
     # ---------------------------------------------------------------- pixels
     @torch.inference_mode()

@@ -19,15 +19,14 @@ prompt at 0 .. L-1, image token i at L + i.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.models.janus.condition import PromptIds
 from harness.models.masks import attention_mask, hide
-from harness.models.transformer import KVCache, attend
+from harness.models.llama_layers import rotary, run_layers
+from harness.models.transformer import KVCache
 
 
 class JanusImageModel(nn.Module):
@@ -61,9 +60,7 @@ class JanusImageModel(nn.Module):
         self.offset: Tensor | None = None  # [B] padding slots of each cached row (rotary shift)
         self.last_hidden: Tensor | None = None  # [B, T, dim] after the final norm, last forward
         self.eagle_head: nn.Module | None = None
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        self._rope = apply_rotary_pos_emb  # Llama's rotate-half rotary embedding
+        self._rope = rotary("llama")  # rotate-half rotary embedding
 
     # ---------------------------------------------------------------- properties
     @property
@@ -197,25 +194,11 @@ class JanusImageModel(nn.Module):
         positions = (seq - self.offset[:, None]).clamp(min=0)  # rotary positions [B, T]
         lm = self.hf.model.language_model
         cos, sin = lm.rotary_emb(x, positions)
-        mask4 = mask[:, None]  # [B, 1, T, S]: every head
-        h = x
-        for layer, cache in zip(self.layers, self.caches):
-            h = h + self._attention(layer, layer.input_layernorm(h), cos, sin, mask4, write, cache)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = run_layers(self.layers, self.caches, x, cos, sin, mask, write,
+                       (self.n_head, self.n_kv_head, self.head_dim), self._rope)
         hidden = lm.norm(h)
         self.last_hidden = hidden
         return self.hf.model.generation_head(hidden).float()
-
-    def _attention(self, layer: Any, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, write: Tensor,
-                   cache: KVCache | None) -> Tensor:
-        """One Llama attention over the cache: x [B, T, dim] -> [B, T, dim]."""
-        att = layer.self_attn
-        b, t, _ = x.shape
-        q = att.q_proj(x).view(b, t, self.n_head, self.head_dim)
-        k = att.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
-        v = att.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
-        q, k = self._rope(q, k, cos, sin, unsqueeze_dim=2)  # cos / sin [B, T, hd]; heads are dim 2 here
-        return att.o_proj(attend(q, k, v, None, mask, write, cache))
 
     # ---------------------------------------------------------------- pixels
     @torch.inference_mode()
