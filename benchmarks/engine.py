@@ -40,6 +40,7 @@ import logging
 import sys
 import time
 import weakref
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ if str(ROOT) not in sys.path:
 
 from baselines.framework.recorder import StatsRecorder  # noqa: E402
 from benchmarks.common import compose_config  # noqa: E402
+from harness.models.chunked_logits import selected_outputs  # noqa: E402
 from harness.runtime import engine, hostsync  # noqa: E402
 from harness.store.summary import _markdown  # noqa: E402
 from harness.run import _build, guided  # noqa: E402
@@ -421,9 +423,15 @@ def memory_table(names: list[str], batch: int, layers: int) -> list[list[str]]:
             tokens = torch.zeros(batch, width, dtype=torch.long, device="meta")
             with torch.inference_mode(), _patched(transformer.F, "scaled_dot_product_attention",
                                                   _efficient_attention), _LiveBytes() as live:
-                logits = target.forward(tokens, torch.arange(width, device="meta"))
-                probs = torch.softmax(logits, -1)
-                del logits, probs
+                positions = torch.arange(width, device="meta")
+                if decoder == "mulo_sd":  # the verification's p at N + 1 inputs, as _verify reads it
+                    select = torch.arange(width + 1, device="meta").clamp(max=width - 1).expand(batch, -1)
+                    probs = selected_outputs(target, tokens, positions, select, partial(torch.softmax, dim=-1))
+                else:
+                    logits = target.forward(tokens, positions)
+                    probs = torch.softmax(logits, -1)
+                    del logits
+                del probs
             weights, cache = outside + full * per_layer, full * kv_layer
             if decoder == "mulo_sd" and bundle.drafter is not None:
                 small = bundle.drafter.gpt

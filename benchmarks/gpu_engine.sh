@@ -14,7 +14,7 @@
 # 2. benchmarks/mulo.py --model shapes_x2 on CUDA with engine=eager, then engine=compiled: the main
 #    table (raster, SJD, EAGLE-2, LANTERN, ZipAR, MuLo-SD) timed at batch 1.
 #
-# Needs: one CUDA GPU (>= 40 GB for Tar-7B 1024 in bf16), `pip install -e .` (Triton comes with
+# Needs: one CUDA GPU (40 GB hold Tar-7B 1024 in bf16 at batch 16, docs/methodology.md), `pip install -e .` (Triton comes with
 # CUDA builds of torch). Every part writes its output to $OUT; the summary tables are printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."

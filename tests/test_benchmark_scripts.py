@@ -106,16 +106,17 @@ def test_engine_memory_table_counts_the_protocol_batch_and_the_chunked_mix(monke
     KV cache is the static cache's size, and MuLo-SD's whole-image verification needs less
     transient memory with guidance's chunked mix than without it."""
     from benchmarks import engine
-    from harness.models import guidance
+    from harness.models import chunked_logits
 
     chunked = {row[1]: row for row in engine.memory_table(["tar_7b_1024"], 16, 2)}
     kv = 30 * 2 * 32 * 20 * (729 + 4096) * 64 * 2 / 1e9  # layers x (k, v) x rows x heads x slots x hd x bf16
     assert float(chunked["raster"][4]) == pytest.approx(kv, abs=0.01)
-    monkeypatch.setattr(guidance, "LOGITS_CHUNK", 10**9)
+    monkeypatch.setattr(chunked_logits, "LOGITS_CHUNK", 10**9)
     whole = {row[1]: row for row in engine.memory_table(["tar_7b_1024"], 16, 2)}
     verify_logits = 32 * 4096 * 16384 * 4 / 1e9  # [2B, N, V] float: what the chunked mix never holds whole
     assert float(whole["mulo_sd"][5]) - float(chunked["mulo_sd"][5]) >= verify_logits
     assert chunked["raster"][5] == whole["raster"][5]
+    assert max(float(row[6]) for row in chunked.values()) < 40.0  # the protocol's batch fits 40 GB
 
 
 def test_gpu_first_run_script_runs_its_parts_on_the_cpu_in_tiny_mode(tmp_path: Path) -> None:

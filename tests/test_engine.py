@@ -252,13 +252,13 @@ def test_guidance_mixes_wide_logits_in_chunks_without_changing_tokens(dtype: str
     """MuLo-SD verifies the whole image in one forward; guidance mixes its logits LOGITS_CHUNK
     positions at a time (the model's own bf16 logits whole, float only per chunk): the tokens are
     those of the unchunked mix."""
-    from harness.models import guidance
+    from harness.models import chunked_logits, guidance
 
     cfg = compose_cfg(["model=llamagen_tiny", "decoder=[mulo_sd,raster]", f"model.dtype={dtype}"])
     bundle = _build(cfg.model, drop=("name", "sampling"))
     tokens = {}
     for chunk in (3, 10**6):
-        monkeypatch.setattr(guidance, "LOGITS_CHUNK", chunk)
+        monkeypatch.setattr(chunked_logits, "LOGITS_CHUNK", chunk)
         for name in ("mulo_sd", "raster"):
             decoder = _build(cfg.decoder[name])
             models = guided(bundle, decoder.sampling)
@@ -266,7 +266,7 @@ def test_guidance_mixes_wide_logits_in_chunks_without_changing_tokens(dtype: str
     for name in ("mulo_sd", "raster"):
         assert torch.equal(tokens[3, name], tokens[10**6, name]), name
     logits = torch.randn(4, 16, 8, dtype=getattr(torch, "bfloat16" if dtype == "bf16" else "float32"))
-    monkeypatch.setattr(guidance, "LOGITS_CHUNK", 3)
+    monkeypatch.setattr(chunked_logits, "LOGITS_CHUNK", 3)
     mixed = guidance.Guided(bundle.target, 2.0)._mix(logits)
     whole = logits[2:].float() + 2.0 * (logits[:2].float() - logits[2:].float())
     assert mixed.dtype == torch.float32 and torch.equal(mixed, whole)

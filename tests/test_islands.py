@@ -399,9 +399,9 @@ def test_bucketed_and_exact_widths_give_identical_tokens(bundle: ModelBundle,
                                 ("default accelerator", None, False)):
         widths: list[int] = []
 
-        def spy(tokens, positions, mask=None, _widths=widths):  # type: ignore[no-untyped-def]
+        def spy(tokens, positions, mask=None, _widths=widths, **out):  # type: ignore[no-untyped-def]
             _widths.append(tokens.shape[1])
-            return forward(tokens, positions, mask)
+            return forward(tokens, positions, mask, **out)
 
         monkeypatch.setattr(resampling, "BUCKET", rounded)
         monkeypatch.setattr(hostsync, "reads_are_free", lambda device, _free=free: _free)
@@ -471,10 +471,10 @@ def test_a_fill_reads_the_device_once_plus_once_per_labelling_chunk(
             reads.on = False
             fills.append((reads.reads, reads.equals, len(passes)))
 
-    def uncounted(tokens, positions, mask=None):  # type: ignore[no-untyped-def]
+    def uncounted(tokens, positions, mask=None, **out):  # type: ignore[no-untyped-def]
         on, reads.on = reads.on, False
         try:
-            return forward(tokens, positions, mask)
+            return forward(tokens, positions, mask, **out)
         finally:
             reads.on = on
 

@@ -521,9 +521,9 @@ def test_verification_feeds_no_input_past_the_image(bundle: ModelBundle, rows: i
     widths: list[int] = []
     forward = models.target.forward
 
-    def spy(tokens, positions, mask=None):  # type: ignore[no-untyped-def]
+    def spy(tokens, positions, mask=None, **out):  # type: ignore[no-untyped-def]
         widths.append(tokens.shape[1])
-        return forward(tokens, positions, mask)
+        return forward(tokens, positions, mask, **out)
 
     decoder = _mulo(SAMPLED, PooledThresholdRule(k=4, tau=0.05), rows=rows)
     models.target.forward = spy  # type: ignore[method-assign]

@@ -28,6 +28,7 @@ advance per step says that every row has finished, whichever comes first.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import torch
@@ -39,6 +40,7 @@ from baselines.framework.drafts import Draft, DraftRun, DraftSource, Outcome
 from baselines.framework.recorder import StatsRecorder
 from baselines.framework.scope import RasterScope, RejectionScope, Resampler, Resolution
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
+from harness.models.chunked_logits import selected_outputs
 from harness.runtime.hostsync import Running
 from harness.runtime.randomness import ImageStreams
 from harness.runtime.sampling import probs, sample, sample_from
@@ -163,12 +165,14 @@ class SpeculativeDecoder:
         length = draft.tokens.shape[1]
         width = min(refeed + length, ctx.n_tokens)
         tokens, positions = canvas.read(canvas.fed, width)
-        logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
         if refeed == 1 and width == length + 1:
+            logits = ctx.models.target.forward(tokens, positions)  # [B, W, V]: predicts position + 1
             return probs(logits, ctx.sampling)
         offset = (canvas.frontier - 1 - canvas.fed).clamp_min(0)  # input index predicting n_b
         index = (offset[:, None] + span(length + 1, offset.device)).clamp(max=width - 1)
-        return probs(logits[canvas.rows, index], ctx.sampling)
+        # p at the inputs `index` only, a chunk of positions at a time where the model can
+        # (harness/models/chunked_logits.py: no [B, W, V] logits beside p at 1024 px)
+        return selected_outputs(ctx.models.target, tokens, positions, index, partial(probs, params=ctx.sampling))
 
     @staticmethod
     def _sample(ctx: Context, p: Tensor, residual: Tensor, first: Tensor) -> Tensor:

@@ -31,8 +31,11 @@ forward's layers for `engine=compiled`, as a function of this model's own (torch
 code object, so each model has its own recompile budget, harness/runtime/graphs.py). A compiled
 GPT pads every cached forward to a power-of-two width (`graphs.graph_width`): padded positions
 write one trash slot at the end of the cache that no real query sees, and their outputs are
-dropped. Cached forwards return logits in the weights' dtype to `raw=True` callers (guidance mixes
-them in float chunks, harness/models/guidance.py), float logits to the others.
+dropped. Cached forwards return logits in the weights' dtype to `raw=True` callers, float logits
+to the others. A caller that mixes (guidance, harness/models/guidance.py) may pass its mix
+instead: a forward wider than `LOGITS_CHUNK` then projects its hidden states through the output
+layer `LOGITS_CHUNK` positions at a time and mixes each chunk, so that no [2B, T, V] logits exist
+(MuLo-SD's whole-image verification at 1024 px: 4.3 GB at batch 16).
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.models import chunked_logits
+from harness.models.chunked_logits import Outputs
 from harness.models.condition import TextCondition
 from harness.models.gpt_config import GPTConfig
 from harness.models.masks import attention_mask, hide
@@ -193,29 +198,34 @@ class GPT(nn.Module):
         return self._positional(h, slots)
 
     def _layers(self, h: Tensor, slots: Tensor, mask: Tensor | None, cache: bool,
-                write: Tensor | None = None, raw: bool = False) -> Tensor:
+                write: Tensor | None = None, raw: bool = False, out: Outputs | None = None) -> Tensor:
         """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] (None: causal, no cache) -> float
-        logits [B, T, V] (in the weights' dtype when `raw`); with `cache`, keys/values go to cache
-        slots `write` [B, T] (default: `slots`). Keeps the hidden states after the final norm in
-        `last_hidden`."""
+        logits [B, T, V] (in the weights' dtype when `raw`; with `out`, its mix and finish of the
+        positions it selects, wide ones projected in chunks: harness/models/chunked_logits.py);
+        with `cache`, keys/values go to cache slots `write` [B, T] (default: `slots`). Keeps the
+        hidden states after the final norm in `last_hidden`."""
         write = slots if write is None else write
+        # a static flag (one graph per width): the stack projects unless `out` does it in chunks
+        project = out is None or (out.select is None and h.shape[1] <= chunked_logits.LOGITS_CHUNK)
         if cache:
-            logits, self.last_hidden = self._stack(h, slots, mask, write)
+            logits, self.last_hidden = self._stack(h, slots, mask, write, project)
         else:
-            logits, self.last_hidden = self._run_layers(h, slots, mask, None)
-        return logits if raw else logits.float()
+            logits, self.last_hidden = self._run_layers(h, slots, mask, None, project)
+        if out is None:
+            return logits if raw else logits.float()
+        return out.of(self.output, logits, self.last_hidden)
 
     def _run_layers(self, h: Tensor, slots: Tensor, mask: Tensor | None,
-                    write: Tensor | None) -> tuple[Tensor, Tensor]:
+                    write: Tensor | None, project: bool = True) -> tuple[Tensor | None, Tensor]:
         """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] or None, cache slots write [B, T]
-        or None (no cache) -> (logits [B, T, V] in the weights' dtype, hidden states after the final
-        norm)."""
+        or None (no cache) -> (logits [B, T, V] in the weights' dtype, or None without `project`;
+        hidden states after the final norm)."""
         h, rope = self._positional(h, slots)
         mask = None if mask is None else mask.unsqueeze(1)  # [B, 1, T, S]: every head
         for layer in self.layers:
             h = layer(h, rope, mask, write)
         hidden = self.norm(h)
-        return self.output(hidden), hidden
+        return (self.output(hidden) if project else None), hidden
 
     def compile_cached(self, mode: str | None = None, name: str = "GPT",
                        budget: int = graphs.GRAPH_BUDGET) -> None:
@@ -230,9 +240,9 @@ class GPT(nn.Module):
         compiled = torch.compile(types.MethodType(own, self), mode=mode, dynamic=False)
         self.budget = graphs.GraphBudget(name, budget)
         if mode == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
-            def stack(*args: Tensor | None) -> tuple[Tensor, Tensor]:
+            def stack(*args: Tensor | bool | None) -> tuple[Tensor | None, Tensor]:
                 logits, hidden = compiled(*args)
-                return logits.clone(), hidden.clone()
+                return (None if logits is None else logits.clone()), hidden.clone()
             self._stack = stack
         else:
             self._stack = compiled
@@ -310,12 +320,13 @@ class GPT(nn.Module):
         return self._cached(x, slots, self._causal_rows(slots))[:, -1]
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
-                       slots: Tensor | None = None, raw: bool = False) -> Tensor:
+                       slots: Tensor | None = None, raw: bool = False, out: Outputs | None = None) -> Tensor:
         """tokens [B, T] at image positions [T] or [B, T]; mask [B, T, S] bool (True = attend; S =
         `cache_slots`) or None for slot-causal attention; slots [B, T] cache slots to write (None:
         each position's own, prefix_len + position; scratch slots >= `slots` hold draft-tree nodes,
         which keep their positions' rotary/absolute code). Returns float logits [B, T, V] for
-        positions + 1 (in the weights' dtype when `raw`)."""
+        positions + 1 (in the weights' dtype when `raw`; with `out`, its mix and finish of the
+        positions it selects, wide ones projected in chunks: harness/models/chunked_logits.py)."""
         b, t = tokens.shape
         seq = positions.to(tokens.device).expand(b, -1) + self.cfg.prefix_len
         write = seq if slots is None else slots.to(tokens.device).expand(b, -1)
@@ -323,7 +334,7 @@ class GPT(nn.Module):
             mask = self._causal_rows(write)
         elif mask.shape != (b, t, self.cache_slots):
             raise ValueError(f"mask must have shape {(b, t, self.cache_slots)}, got {tuple(mask.shape)}")
-        return self._cached(self._embed_tokens(tokens, self.token_bias), seq, mask, write, raw)
+        return self._cached(self._embed_tokens(tokens, self.token_bias), seq, mask, write, raw, out)
 
     def _causal_rows(self, write: Tensor) -> Tensor:
         """Cache slots [B, T] -> the slot-causal mask [B, T, S], rows of the table `causal`."""
@@ -332,7 +343,7 @@ class GPT(nn.Module):
         return self.causal[write]
 
     def _cached(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor | None = None,
-                raw: bool = False) -> Tensor:
+                raw: bool = False, out: Outputs | None = None) -> Tensor:
         """x [B, T, dim] at sequence slots [B, T] written to cache slots `write` [B, T] (default:
         `slots`), mask [B, T, S] -> logits [B, T, V] (float, or the weights' dtype when `raw`)."""
         write = slots if write is None else write
@@ -340,10 +351,11 @@ class GPT(nn.Module):
             mask = self._mask_prefix(mask, write, self.prefix_keep)
         width = graphs.graph_width(x.shape[1])  # the compiled graph's width (eager: recorded only)
         if self.compiled:
-            return self._padded(x, slots, mask, write, width, raw)
-        return self._layers(x, slots, mask, cache=True, write=write, raw=raw)
+            return self._padded(x, slots, mask, write, width, raw, out)
+        return self._layers(x, slots, mask, cache=True, write=write, raw=raw, out=out)
 
-    def _padded(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor, width: int, raw: bool) -> Tensor:
+    def _padded(self, x: Tensor, slots: Tensor, mask: Tensor, write: Tensor, width: int, raw: bool,
+                out: Outputs | None) -> Tensor:
         """The compiled cached forward at `width` >= T tokens: padded positions repeat the last
         position's code, write the cache's last slot (the trash slot, which no real query sees) and
         attend only to it; their outputs are dropped. Masks get False columns up to the cache's
@@ -363,14 +375,15 @@ class GPT(nn.Module):
             trash = torch.zeros(b, pad, kv, dtype=torch.bool, device=mask.device)
             trash[..., -1] = True
             mask = torch.cat([mask, trash], 1)
-        logits = self._layers(x, slots, mask, cache=True, write=write, raw=raw)
+        logits = self._layers(x, slots, mask, cache=True, write=write, raw=raw, out=out)
         if first:  # a shape met for the first time: compiled (and captured) in this call
             if logits.is_cuda:
                 torch.cuda.synchronize(logits.device)
             self.budget.compile_s += time.perf_counter() - start  # type: ignore[union-attr]
         if pad:
             self.last_hidden = self.last_hidden[:, :t]  # type: ignore[index]
-            logits = logits[:, :t]
+            if out is None or out.select is None:  # selected positions are real ones already
+                logits = logits[:, :t]
         return logits
 
     def move_cache(self, src: Tensor, dst: Tensor) -> None:

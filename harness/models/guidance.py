@@ -6,9 +6,9 @@ import torch
 from torch import Tensor
 
 from harness.api import ARImageModel, Condition
+from harness.models import chunked_logits
+from harness.models.chunked_logits import Finish
 from harness.models.wrapper import ModelWrapper, forwarded
-
-LOGITS_CHUNK = 256  # positions per chunk of the float mix of wide forwards (Guided._mix)
 
 
 class Guided(ModelWrapper):
@@ -48,14 +48,15 @@ class Guided(ModelWrapper):
             cond, uncond = logits.to(mix_dtype).chunk(2, dim=0)
             return (self.scale * (cond - uncond) + uncond).float()
         cond, uncond = logits.chunk(2, dim=0)
-        if logits.dim() < 3 or logits.shape[1] <= LOGITS_CHUNK:
+        chunk = chunked_logits.LOGITS_CHUNK
+        if logits.dim() < 3 or logits.shape[1] <= chunk:
             cond, uncond = cond.float(), uncond.float()
             return uncond + self.scale * (cond - uncond)
         out = torch.empty(cond.shape, dtype=torch.float32, device=logits.device)
-        for start in range(0, logits.shape[1], LOGITS_CHUNK):
-            c = cond[:, start:start + LOGITS_CHUNK].float()
-            u = uncond[:, start:start + LOGITS_CHUNK].float()
-            out[:, start:start + LOGITS_CHUNK] = u + self.scale * (c - u)
+        for start in range(0, logits.shape[1], chunk):
+            c = cond[:, start:start + chunk].float()
+            u = uncond[:, start:start + chunk].float()
+            out[:, start:start + chunk] = u + self.scale * (c - u)
         return out
 
     guide = _mix
@@ -72,16 +73,29 @@ class Guided(ModelWrapper):
     def prefill(self, cond: Condition) -> Tensor:
         return self._mix(self.model.prefill(cond.with_null()))
 
+    @property
+    def selects_outputs(self) -> bool:
+        """Whether `forward` takes select / finish (the model's, harness/models/chunked_logits.py)."""
+        return bool(getattr(self.model, "selects_outputs", False))
+
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
-                slots: Tensor | None = None) -> Tensor:
+                slots: Tensor | None = None, select: Tensor | None = None,
+                finish: Finish | None = None) -> Tensor:
+        """Mixed float logits [B, T, V]; with select [B, J] / finish (a model that
+        `selects_outputs`): finish(mixed logits) at the selected positions [B, J, V], the model
+        projecting and mixing wide forwards a chunk of positions at a time."""
         tokens2 = torch.cat([tokens, tokens])
         pos2 = positions if positions.dim() == 1 else torch.cat([positions, positions])
         mask2 = None if mask is None else torch.cat([mask, mask])
+        slots2 = {} if slots is None else {"slots": slots if slots.dim() == 1 else torch.cat([slots, slots])}
+        if self.selects_outputs:
+            select2 = None if select is None else torch.cat([select, select])
+            return self.model.forward(tokens2, pos2, mask2, mix=self._mix, select=select2,  # type: ignore[call-arg]
+                                      finish=finish, **slots2)
+        if select is not None or finish is not None:
+            raise TypeError(f"{type(self.model).__name__} does not select outputs: use chunked_logits.selected_outputs")
         raw = {"raw": True} if getattr(self.model, "raw_logits", False) else {}  # mixed to float here
-        if slots is None:
-            return self._mix(self.model.forward(tokens2, pos2, mask2, **raw))
-        slots2 = slots if slots.dim() == 1 else torch.cat([slots, slots])
-        return self._mix(self.model.forward(tokens2, pos2, mask2, slots=slots2, **raw))  # type: ignore[call-arg]
+        return self._mix(self.model.forward(tokens2, pos2, mask2, **slots2, **raw))  # type: ignore[call-arg]
 
     def move_cache(self, src: Tensor, dst: Tensor) -> None:
         self.model.move_cache(torch.cat([src, src]), torch.cat([dst, dst]))  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from harness.models.chunked_logits import Finish, Mix, Outputs
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT
 from harness.models.wrapper import forwarded
@@ -90,13 +91,22 @@ class TokenImageModel(nn.Module):
         return self.gpt.prefill(cond.to(self.device))
 
     raw_logits = True  # `forward(..., raw=True)` returns logits in the weights' dtype (guidance.py)
+    selects_outputs = True  # `forward(..., select=, finish=, mix=)`: harness/models/chunked_logits.py
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,  # type: ignore[override]
-                slots: Tensor | None = None, raw: bool = False) -> Tensor:
+                slots: Tensor | None = None, raw: bool = False, mix: Mix | None = None,
+                select: Tensor | None = None, finish: Finish | None = None) -> Tensor:
+        """Float logits [B, T, V] (the weights' dtype when `raw`); with any of mix / select [B, J] /
+        finish: finish(mix(logits)) at the selected positions [B', J, V], wide ones computed a chunk
+        of positions at a time (harness/models/chunked_logits.py)."""
+        out = None
+        if mix is not None or select is not None or finish is not None:
+            out = Outputs(mix=mix or Tensor.float, select=None if select is None else select.to(self.device),
+                          finish=finish)
         return self.gpt.forward_cached(tokens.to(self.device), positions.to(self.device),
                                        None if mask is None else mask.to(self.device),
-                                       None if slots is None else slots.to(self.device), raw=raw)
+                                       None if slots is None else slots.to(self.device), raw=raw, out=out)
 
     @torch.inference_mode()
     def decode(self, tokens: Tensor) -> Tensor:
