@@ -38,6 +38,14 @@ class InputError(Exception):
     Concrete errors subclass it together with the built-in type they are (ValueError, OSError)."""
 
 
+# Informational keys of model and decoder config nodes, never passed to the target and not part of
+# what a SampleSet is bound to (no image depends on them): `requires`, `provides`, `lacks`,
+# `needs_metadata` (read by harness/preflight.py), `paper_setting` (a decoder's paper values of the
+# keys a world may move), `operating_points` (a model's settings of decoders on its world, read by
+# the decoders' configs).
+INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points")
+
+
 class ConfigValueError(InputError, ValueError):
     """A config value of the wrong type or out of range."""
 

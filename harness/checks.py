@@ -13,16 +13,12 @@ from hydra.errors import HydraException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from harness.api import ConfigValueError, Decoder, checked_number
+from harness.api import INFO_KEYS, ConfigValueError, Decoder, checked_number
 from harness.generate import Timing
 from harness.runtime import engine
 from harness.store.binding import BINDING_FILE
 
 STAGES = ("fetch", "generate", "evaluate")
-# Informational keys of config nodes, never passed to the target: `requires`, `provides`,
-# `needs_metadata` (read by harness/preflight.py), `paper_setting` (a decoder's paper values of the keys a world may move),
-# `operating_points` (a model's settings of decoders on its world, read by the decoders' configs).
-INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points")
 _ABSENT = object()  # OmegaConf.select's answer for a key a node does not have
 _FILE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"  # a plain file name: no folder, not hidden, no ".."
 

@@ -183,3 +183,26 @@ def test_a_set_bound_before_filter_order_existed_matches_the_default_order() -> 
     assert compared(old) == compared(now)
     assert compared(old) != compared({"sampling": {**now["sampling"], "filter_order": "top_p_first"}})
     assert compared(old)["sampling"]["cfg_scale"] == 1.5  # keys off their default stay
+
+
+def test_informational_keys_leave_the_binding_and_old_sets_holding_them_resume(tmp_path: Path) -> None:
+    """What a model lacks or a decoder requires makes no image: changing it keeps the binding, and a
+    set stored while bindings still held those keys is resumed without a redraw."""
+    cpu = torch.device("cpu")
+    base = sample_binding(_cfg([]), "raster", "w", cpu)
+    for change in (["+model.lacks={drafter: none here}"], ["+decoder.raster.requires=[draft_tree]"],
+                   ["+decoder.raster.paper_setting={k: 1}"]):
+        assert sample_binding(_cfg(change), "raster", "w", cpu) == base, change
+    assert "lacks" not in base["model"] and "requires" not in base["decoder"]
+    cfg = ["evaluator=[speed]", "stages=[generate]", "dataset_limit=2"]
+    run(_cfg(cfg), tmp_path / "run")
+    samples = SampleSet(tmp_path / "run" / "samples" / "raster")
+    binding = samples.binding()
+    binding["model"]["lacks"] = {"drafter": "as stored before"}  # as bound before INFO_KEYS left bindings
+    binding["decoder"]["requires"] = ["draft_tree"]
+    (samples.root / "binding.json").write_text(json.dumps(binding))
+    made = {p.name: p.stat().st_mtime_ns for p in samples.images_dir.iterdir()}
+    run(_cfg(cfg), tmp_path / "run")
+    assert {p.name: p.stat().st_mtime_ns for p in samples.images_dir.iterdir()} == made  # nothing redrawn
+    with pytest.raises(BindingMismatchError, match="seed"):
+        run(_cfg([*cfg, "seed=7"]), tmp_path / "run")

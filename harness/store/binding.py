@@ -35,7 +35,7 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from harness.api import InputError
+from harness.api import INFO_KEYS, InputError
 from harness.moved import TARGET, canonical
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,11 @@ PROJECT_PACKAGES = frozenset({"harness", "baselines", "evaluators"})
 # SampleSet's binding (the weights themselves are bound by their digest).
 _LOCATION_KEYS = frozenset({"sampling", "device", "cache_dir", "local_dir", "local_path", "small_drafter_local_dir",
                             "trust_pickle", "name"})
-# Model keys that configure decoders, not the model: a decoder's operating point on this world reaches
-# the binding through the decoder's own keys, so the model's binding leaves it out.
-_DECODER_KEYS = frozenset({"operating_points"})
+# Informational keys of the model and decoder nodes (harness.api.INFO_KEYS: what a model lacks, what a
+# decoder requires, a decoder's paper setting, the model's operating points for decoders, which reach
+# the binding through the decoders' own keys): no image depends on them, so bindings leave them out
+# and comparisons ignore them in sets stored before they were left out.
+_INFO_KEYS = frozenset(INFO_KEYS)
 SAMPLING_TARGET = "harness.api.SamplingParams"  # what the run's `sampling` node instantiates
 ABSENT = object()  # dotted()'s answer for a key a tree does not have
 _trusted: frozenset[str] = PROJECT_PACKAGES
@@ -70,9 +72,9 @@ def sample_binding(cfg: DictConfig, decoder: str, weights: str, device: torch.de
     return {
         "format": BINDING_FORMAT,
         "model": {"name": cfg.model.get("name", "model"),
-                  **_without(resolved["model"], _LOCATION_KEYS | _DECODER_KEYS)},
+                  **_without(resolved["model"], _LOCATION_KEYS | _INFO_KEYS)},
         "weights": weights,
-        "decoder": {"name": decoder, **_without(resolved["decoder"][decoder], frozenset({"paper_setting"}))},
+        "decoder": {"name": decoder, **_top_without(resolved["decoder"][decoder], _INFO_KEYS)},
         "sampling": _without(resolved["sampling"], frozenset({TARGET})),
         "seed": cfg.seed,
         "engine": str(cfg.get("engine") or "eager"),
@@ -85,6 +87,11 @@ def _without(tree: Any, keys: frozenset[str]) -> Any:
     if isinstance(tree, dict):
         return {k: _without(v, keys) for k, v in tree.items() if k not in keys}
     return tree
+
+
+def _top_without(node: Any, keys: frozenset[str]) -> Any:
+    """A config node (dict) without its top-level keys in `keys`."""
+    return {k: v for k, v in node.items() if k not in keys} if isinstance(node, dict) else node
 
 
 def trust_targets_of(cfg: Any) -> None:
@@ -113,6 +120,10 @@ def compared(tree: Any) -> Any:
     options at their defaults left out (also the run's sampling keys, stored without their target:
     a set bound before `sampling.filter_order` existed matches the default order)."""
     view = without_defaults(canonical(tree))
+    if isinstance(view, dict):
+        for part in ("model", "decoder"):
+            if part in view:
+                view[part] = _top_without(view[part], _INFO_KEYS)
     sampling = view.get("sampling") if isinstance(view, dict) else None
     if isinstance(sampling, dict):
         view["sampling"] = without_defaults({TARGET: SAMPLING_TARGET, **sampling})
