@@ -17,7 +17,7 @@ from baselines.training import train_eagle
 from harness import preflight
 from harness.api import ModelBundle
 from harness.models.eagle_head import (EagleHead, EagleHeadConfig, TargetSpec, build_head, check_compatible,
-                                       head_spec, load_trained)
+                                       head_spec, load_trained, read_info)
 from harness.models.hub import WeightsError
 from harness.run import _build, guided
 from tests.conftest import compose_cfg
@@ -136,8 +136,12 @@ def test_real_backbones_without_a_head_skip_head_rows_with_the_fix(model: str) -
 
 
 def test_lumina_768_names_lanterns_released_head() -> None:
+    from harness.assets.fetching import model_assets
+
     cfg = compose_cfg(["model=lumina_mgpt_768"])
     assert cfg.model.eagle_head_repo == "sihwanpark/LANTERN-Lumina-mGPT-7B-768"
+    heads = [a for a in model_assets(cfg.model) if a.repo == cfg.model.eagle_head_repo]
+    assert len(heads) == 1 and set(heads[0].patterns) == {"model.safetensors", "config.json"}
     node = compose_cfg(["model=lumina_mgpt_768", "decoder=[eagle2]"]).decoder["eagle2"]
     assert preflight.decoder_problem("eagle2", node, cfg.model) is None
 
@@ -147,14 +151,12 @@ def test_lumina_768_names_lanterns_released_head() -> None:
 def test_train_eagle_lowers_the_loss_and_the_head_loads_from_the_config(model: str, tmp_path: Path) -> None:
     bundle, _ = train_eagle.build_bundle(model)
     assert bundle.target.eagle_head is None  # the training target carries no head
-    stream = train_eagle.self_batches(bundle, seed=0, batch_size=4, null=0.25, prompts=PROMPTS)
     held = [next(train_eagle.self_batches(bundle, seed=99, batch_size=4, null=0.25, prompts=PROMPTS))]
     out = tmp_path / f"{model}.safetensors"
     start = train_eagle.evaluate(train_eagle.initial_head(bundle.target, None, 0), bundle.target, held)
     head, metrics = train_eagle.train(bundle, lambda s: train_eagle.self_batches(
         bundle, seed=0, batch_size=4, null=0.25, prompts=PROMPTS, start=s), steps=20, out=out, lr=3e-3,
         ckpt_every=0, log_every=0, eval_batches=held)
-    del stream
     assert metrics["heldout"]["vloss"] < 0.9 * start["vloss"], (start, metrics["heldout"])
     loaded = load_trained(out)
     assert loaded.cfg == head.cfg
@@ -167,7 +169,7 @@ def test_train_eagle_cli_on_a_tiny_backbone(tmp_path: Path) -> None:
     out = tmp_path / "head.safetensors"
     train_eagle.main(["--model", "janus_tiny", "--data", "self", "--steps", "3", "--batch-size", "2",
                       "--eval-batches", "1", "--out", str(out), "--log-every", "0"])
-    info = json.loads(json.dumps(__import__("harness.models.eagle_head", fromlist=["read_info"]).read_info(out)))
+    info = read_info(out)
     assert info["model"] == "janus_tiny" and info["data"] == "self" and info["steps"] == 3
 
 

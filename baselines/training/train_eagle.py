@@ -23,7 +23,8 @@ tokenised by its tokenizer; batch s is a pure function of (seed, s)), `folder` (
 folder of KEY.jpg/.png + KEY.txt: centre-cropped, resized to the target's size, VQ-encoded, captions
 through the bundle's conditioner) and `self` (self-distilled, as LANTERN builds its Lumina-mGPT
 data with entrypoints/generate_train_data.py: the target's own raster samples at temperature 1,
-without guidance, for captions drawn from `--prompt-file`; batch s is a pure function of (seed, s)). Resumable: a checkpoint (head, optimiser, step) every
+without guidance, for captions drawn from `--prompt-file`; batch s is a pure function of (seed, s)).
+Resumable: a checkpoint (head, optimiser, step) every
 `--ckpt-every` steps beside `--out`, picked up on restart.
 
     python -m baselines.training.train_eagle --model shapes --steps 1200 --threads 1 \

@@ -284,7 +284,8 @@ def check_compatible(head: EagleHeadConfig, target: "GPTConfig | TargetSpec", wh
 
 
 # ----------------------------------------------------------------------------- files
-def random_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, seed: int = 0, **overrides: Any) -> EagleHead:
+def random_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, seed: int = 0,
+                **overrides: Any) -> EagleHead:
     """A seeded, untrained head for `target_cfg` (tests, tiny stacks, the start of training):
     N(0, 0.02) weights, the frozen embedding copied from the target's token embedding."""
     with torch.random.fork_rng(devices=[]):

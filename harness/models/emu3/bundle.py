@@ -90,9 +90,10 @@ def build(name: str = "emu3", tokenizer: PromptTokenizer | None = None, repo_id:
           eagle_head_repo: str | None = None) -> ModelBundle:
     """The target at `target_size` px, with `drafter` the same weights at `drafter_size` px (MuLo-SD),
     and the conditioner (`tokenizer`, `negative_prompt` for CFG). `random_init`: a tiny random model
-    built in code (harness/models/emu3/tiny.py, `arch` sizing it). `eagle_head_file`: the target's EAGLE head (harness/models/eagle_head.build_head: a head trained by
-    python -m baselines.training.train_eagle, or with `eagle_head_config` LANTERN's release, a path or a
-    file of the Hugging Face repo `eagle_head_repo`; random with `random_init`; null: none)."""
+    built in code (harness/models/emu3/tiny.py, `arch` sizing it). `eagle_head_file`: the target's
+    EAGLE head (harness/models/eagle_head.build_head: a head trained by python -m
+    baselines.training.train_eagle, or with `eagle_head_config` LANTERN's release; a path or a file of
+    the Hugging Face repo `eagle_head_repo`; random with `random_init`; null: none)."""
     if tokenizer is None:
         raise ValueError("model.tokenizer is required (ChatPromptTokenizer for the real model, "
                          "TinyPromptTokenizer for emu3_tiny)")

@@ -94,9 +94,10 @@ def build(name: str = "janus", tokenizer: PromptTokenizer | None = None, repo_id
     `small_drafter_local_dir`) and the prompt conditioner (`tokenizer`; pad / BOS / image-start ids
     from the target's generation config). `random_init`: tiny random models built in code
     (harness/models/janus/tiny.py; `arch` sizes the target, `small_arch` overrides them for a small
-    drafter, null: none). `eagle_head_file`: the target's EAGLE head (harness/models/eagle_head.build_head: a head trained by
-    python -m baselines.training.train_eagle, or with `eagle_head_config` LANTERN's release, a path or a
-    file of the Hugging Face repo `eagle_head_repo`; random with `random_init`; null: none)."""
+    drafter, null: none). `eagle_head_file`: the target's EAGLE head
+    (harness/models/eagle_head.build_head: a head trained by python -m baselines.training.train_eagle,
+    or with `eagle_head_config` LANTERN's release; a path or a file of the Hugging Face repo
+    `eagle_head_repo`; random with `random_init`; null: none)."""
     if tokenizer is None:
         raise ValueError("model.tokenizer is required (ChatPromptTokenizer for the real models, "
                          "TinyPromptTokenizer for janus_tiny)")
