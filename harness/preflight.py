@@ -81,7 +81,7 @@ def _requires(node: DictConfig) -> list[str]:
 
 def _part_keys(part: str, model: DictConfig) -> str:
     """The model keys that provide `part`: its file, or for whole-repo models (Lumina-mGPT) its repo and size."""
-    if f"{part}_repo" in model:
+    if f"{part}_repo" in model and f"{part}_size" in model:
         return f"model.{part}_repo and model.{part}_size"
     return f"model.{part}_file"
 

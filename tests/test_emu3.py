@@ -17,6 +17,7 @@ from harness.api import ModelBundle, SamplingParams
 from harness.models.emu3 import tiny
 from harness.models.hub import WeightsError
 from harness.run import _build, guided
+from harness.models.eagle_head import save_head
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -234,7 +235,9 @@ def test_emu3_strict_reload_from_a_saved_folder(bundle: ModelBundle, tmp_path: P
     bundle.target.hf.save_pretrained(tmp_path / "emu3")
     (tmp_path / "emu3" / "preprocessor_config.json").write_text('{"image_mean": [0.5, 0.5, 0.5], '
                                                                '"image_std": [0.5, 0.5, 0.5]}')
-    local = ["model.random_init=false", f"model.local_dir={tmp_path / 'emu3'}"]
+    save_head(bundle.target.eagle_head, tmp_path / "head.safetensors", dtype=torch.float32)
+    local = ["model.random_init=false", f"model.local_dir={tmp_path / 'emu3'}",
+             f"model.eagle_head_file={tmp_path / 'head.safetensors'}"]
     loaded = _tiny(local)
     sa, sb = bundle.target.state_dict(), loaded.target.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

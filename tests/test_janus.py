@@ -15,6 +15,7 @@ from harness.api import ModelBundle, SamplingParams
 from harness.models.hub import WeightsError
 from harness.models.janus.model import JanusImageModel
 from harness.run import _build, guided
+from harness.models.eagle_head import save_head
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -179,8 +180,10 @@ def test_janus_unconditional_rows_keep_only_bos_and_image_start(bundle: ModelBun
 def test_janus_strict_reload_from_saved_folders(bundle: ModelBundle, tmp_path: Path) -> None:
     bundle.target.hf.save_pretrained(tmp_path / "target")
     bundle.small_drafter.hf.save_pretrained(tmp_path / "small")
+    save_head(bundle.target.eagle_head, tmp_path / "head.safetensors", dtype=torch.float32)
     loaded = _tiny(["model.random_init=false", f"model.local_dir={tmp_path / 'target'}",
-                    f"model.small_drafter_local_dir={tmp_path / 'small'}"])
+                    f"model.small_drafter_local_dir={tmp_path / 'small'}",
+                    f"model.eagle_head_file={tmp_path / 'head.safetensors'}"])
     for a, b in [(bundle.target, loaded.target), (bundle.small_drafter, loaded.small_drafter)]:
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -192,7 +195,8 @@ def test_janus_strict_reload_from_saved_folders(bundle: ModelBundle, tmp_path: P
     del state["model.generation_head.vision_head.bias"]
     save_file(state, str(file), metadata={"format": "pt"})
     with pytest.raises(Exception) as err:  # Hydra wraps the loader's WeightsError
-        _tiny(["model.random_init=false", f"model.local_dir={tmp_path / 'target'}", "model.small_arch=null"])
+        _tiny(["model.random_init=false", f"model.local_dir={tmp_path / 'target'}", "model.small_arch=null",
+               "model.eagle_head_file=null"])
     assert isinstance(err.value.__cause__, WeightsError)
     assert "unexpected keys [model.surprise.weight]" in str(err.value)
     assert "missing keys [model.generation_head.vision_head.bias]" in str(err.value)

@@ -27,6 +27,7 @@ from harness.models.lumina.layout import SpecialTokens, check_header, header
 from harness.models.lumina.vqgan import VQGAN, VQGANConfig, load_vqgan
 from harness.models.masks import attention_mask
 from harness.run import _build, guided
+from harness.models.eagle_head import save_head
 from tests.conftest import compose_cfg
 
 TINY_ARCH = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -473,9 +474,11 @@ def test_lumina_tiny_official_files_reload_through_the_loader(tmp_path: Path) ->
         (folder / "config.json").write_text(json.dumps({**config, "vocabulary_map": vmap}))
         _save_tokenizer(folder, tokens)
     _save_vqgan(random.target.tokenizer, tmp_path / "chameleon")
+    save_head(random.target.eagle_head, tmp_path / "head.safetensors", dtype=torch.float32)
     _, loaded = _tiny(["model.random_init=false", f"model.target_path={tmp_path / 'target'}",
                        f"model.drafter_path={tmp_path / 'drafter'}", f"model.local_dir={tmp_path / 'chameleon'}",
-                       "model.byte_tokenizer=null", "model.seed=5"])
+                       "model.byte_tokenizer=null", "model.seed=5",
+                       f"model.eagle_head_file={tmp_path / 'head.safetensors'}"])
     for a, b in [(random.target, loaded.target), (random.drafter, loaded.drafter)]:
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

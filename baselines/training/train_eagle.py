@@ -13,10 +13,18 @@ trains its LlamaGen drafters (entrypoints/generate_train_data.py, train_drafter/
 - the frozen embedding starts as a copy of the target's token embedding; the rest at N(0, 0.02),
   or from `--init` (a head of another grid of the same width, e.g. the x1 head for x2).
 
+Targets: the project's GPT (shapes, LlamaGen, Tar, random) and the backbones with a `head_spec`
+(Lumina-mGPT, Janus-Pro, Emu3: harness/models/eagle_head.TargetSpec), whose features, position code
+(1-D rotary positions, end-of-row slots counted) and output layer come through the same hooks
+(`hidden`, `positional`, `head_logits`, `token_embeddings`).
+
 Data sources: `shapes` (fresh scenes of the shapes world rendered at the target's size and
-tokenised by its tokenizer; batch s is a pure function of (seed, s)) and `folder` (an img2dataset
+tokenised by its tokenizer; batch s is a pure function of (seed, s)), `folder` (an img2dataset
 folder of KEY.jpg/.png + KEY.txt: centre-cropped, resized to the target's size, VQ-encoded, captions
-through the bundle's conditioner). Resumable: a checkpoint (head, optimiser, step) every
+through the bundle's conditioner) and `self` (self-distilled, as LANTERN builds its Lumina-mGPT
+data with entrypoints/generate_train_data.py: the target's own raster samples at temperature 1,
+without guidance, for captions drawn from `--prompt-file`; batch s is a pure function of (seed, s)).
+Resumable: a checkpoint (head, optimiser, step) every
 `--ckpt-every` steps beside `--out`, picked up on restart.
 
     python -m baselines.training.train_eagle --model shapes --steps 1200 --threads 1 \
@@ -25,6 +33,8 @@ through the bundle's conditioner). Resumable: a checkpoint (head, optimiser, ste
         --steps 300 --threads 1 --out harness/shapes/weights_x2/eagle_head.safetensors --ship
     python -m baselines.training.train_eagle --model tar_1.5b_512 --data folder --data-dir laion_coco/ \
         --device cuda --batch-size 8 --steps 20000 --out heads/tar_1.5b_512.safetensors   (docs/eagle.md)
+    python -m baselines.training.train_eagle --model janus_pro_7b --data self --prompt-file prompts.txt \
+        --device cuda --batch-size 8 --steps 20000 --out heads/janus_pro_7b.safetensors
 """
 from __future__ import annotations
 
@@ -41,13 +51,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness.api import Condition, ModelBundle
-from harness.models.eagle_head import EagleHead, EagleHeadConfig, load_trained, random_head, save_head
+from harness.api import Condition, ModelBundle, SamplingParams
+from harness.models.eagle_head import EagleHead, EagleHeadConfig, head_spec, load_trained, random_head, save_head
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 12345
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+# builders whose heads are named by eagle_head_file (cleared: the training target carries no head)
+HEAD_FILE_BUILDERS = ("harness.models.llamagen.bundle.build", "harness.models.tar.bundle.build",
+                      "harness.models.lumina.bundle.build", "harness.models.janus.bundle.build",
+                      "harness.models.emu3.bundle.build")
+# `--data self` without --prompt-file (smoke runs on the tiny stand-ins)
+DEFAULT_PROMPTS = ("a red cube on a table", "two dogs in the snow", "a blue bird over a river at dusk",
+                   "a bowl of fruit", "a city street at night", "a small boat on a lake")
 
 
 # ----------------------------------------------------------------------------- model
@@ -63,15 +80,24 @@ def build_bundle(model: str, overrides: Sequence[str] = ()) -> tuple[ModelBundle
         cfg = compose(config_name="config", overrides=[f"model={model}", *overrides])
     node = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(node, dict)
-    for key in ("name", "sampling", "requires", "provides", "eagle_head", "operating_points"):
+    for key in ("name", "sampling", "requires", "provides", "lacks", "eagle_head", "operating_points"):
         node.pop(key, None)
     builder = node.get("_target_")
     if builder == "harness.shapes.bundle.load":  # the target alone: no drafters, no head
         node.update(eagle_head=False, drafter=False, small_drafter=False)
     elif builder == "harness.models.random.bundle.build":
         node.update(eagle_head=False)
-    else:  # official stacks (LlamaGen, Tar)
+    elif builder in HEAD_FILE_BUILDERS[:2]:  # the project's GPT stacks (LlamaGen, Tar): no drafters either
         node.update(eagle_head_file=None, drafter_file=None, small_drafter_file=None)
+    elif builder in HEAD_FILE_BUILDERS:  # Lumina-mGPT, Janus-Pro, Emu3: the target alone
+        node.update(eagle_head_file=None)
+        for key, off in (("drafter_repo", None), ("drafter_size", None), ("drafter", False), ("small_arch", None),
+                         ("small_drafter_repo", None), ("small_drafter_local_dir", None)):
+            if key in node:
+                node[key] = off
+    else:
+        raise ValueError(f"model {model!r} (builder {builder}) has no EAGLE head training path: the project's "
+                         "GPT stacks, Lumina-mGPT, Janus-Pro and Emu3 have one")
     return instantiate(node), node
 
 
@@ -131,6 +157,28 @@ def folder_batches(bundle: ModelBundle, folder: Path, seed: int, batch_size: int
         epoch, skip = epoch + 1, 0
 
 
+def self_batches(bundle: ModelBundle, seed: int, batch_size: int, null: float, prompts: Sequence[str],
+                 start: int = 0) -> Iterator[tuple[Condition, Tensor]]:
+    """Batches start, start + 1, ...: (condition [B] with null rows, tokens [B, N]) where the tokens
+    are the target's own raster samples (temperature 1, no guidance, no filter) for prompts drawn
+    with (seed, s), a `null` share of rows unconditional; batch s is a pure function of (seed, s)."""
+    from baselines.methods.raster import RasterDecoder
+
+    if not prompts:
+        raise ValueError("--data self needs prompts (--prompt-file: one prompt a line)")
+    decoder = RasterDecoder(SamplingParams(temperature=1.0))
+    step = start
+    while True:
+        rng = np.random.default_rng([seed, step])
+        texts = [prompts[i] for i in rng.integers(0, len(prompts), batch_size)]
+        flip = torch.from_numpy(rng.random(batch_size) < null)
+        index = torch.arange(batch_size) + batch_size * flip.long()
+        cond = bundle.condition(texts).with_null().select(index)
+        seeds = [int(x) for x in rng.integers(0, 2**31 - 1, batch_size)]
+        yield cond, decoder.generate(bundle, cond, seeds).tokens.clone()
+        step += 1
+
+
 # ----------------------------------------------------------------------------- training
 @torch.no_grad()
 def target_features(target, cond: Condition, tokens: Tensor) -> Tensor:  # noqa: ANN001
@@ -166,10 +214,9 @@ def losses(head: EagleHead, target, feats: Tensor, tokens: Tensor, noise: float,
     pred = head(inputs, ids, seq.expand(ids.shape[0], -1), target.positional)  # [B, T, dim]
     pred, want = pred[:, prefix - 1:-1], feats[:, prefix:]  # predicts slots P .. T - 1
     vloss = F.smooth_l1_loss(pred.float(), want, reduction="none").mean(-1).mean()
-    out = target.gpt.output
-    logits_pred = out(pred.to(out.weight.dtype)).float()
+    logits_pred = target.head_logits(pred)  # [B, T, V] float, through the target's output layer
     with torch.no_grad():
-        logits_want = out(want.to(out.weight.dtype)).float()
+        logits_want = target.head_logits(want)
     ploss = -(logits_want.softmax(-1) * logits_pred.log_softmax(-1)).sum(-1).mean()
     agree = (logits_pred.argmax(-1) == logits_want.argmax(-1)).float().mean()
     return {"vloss": vloss, "ploss": ploss, "top1": agree.detach()}
@@ -177,11 +224,13 @@ def losses(head: EagleHead, target, feats: Tensor, tokens: Tensor, noise: float,
 
 def initial_head(target, init: Path | None, seed: int) -> EagleHead:  # noqa: ANN001
     """A fresh head for `target` (random_head), or `init`'s weights in a head for this target."""
-    gpt = target.gpt
-    head = random_head(gpt.cfg, gpt.tok_embeddings.weight, seed)
+    spec = head_spec(target)
+    with torch.no_grad():
+        embeddings = target.token_embeddings.detach().float().cpu()
+    head = random_head(spec, embeddings, seed)
     if init is not None:
         donor = load_trained(init)
-        want = EagleHeadConfig.for_target(gpt.cfg)
+        want = EagleHeadConfig.for_target(spec)
         if (donor.cfg.dim, donor.cfg.n_head, donor.cfg.vocab_size, donor.cfg.ffn_dim) != \
                 (want.dim, want.n_head, want.vocab_size, want.ffn_dim):
             raise ValueError(f"--init {init}: a head of width {donor.cfg.dim}, {donor.cfg.n_head} heads, "
@@ -278,9 +327,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--model", required=True,
                     help="a model config: shapes, shapes_x2, llamagen_xl_512, tar_1.5b_512, ...")
     ap.add_argument("--out", type=Path, required=True, help="the head's .safetensors")
-    ap.add_argument("--data", choices=["shapes", "folder"], default=None,
+    ap.add_argument("--data", choices=["shapes", "folder", "self"], default=None,
                     help="default: shapes for the shapes worlds, else folder")
     ap.add_argument("--data-dir", type=Path, default=None, help="folder data: KEY.jpg + KEY.txt pairs")
+    ap.add_argument("--prompt-file", type=Path, default=None,
+                    help="self data: one prompt a line (default: a few built-in prompts, smoke runs only)")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -307,14 +358,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     data = a.data or ("shapes" if node.get("_target_") == "harness.shapes.bundle.load" else "folder")
     if data == "folder" and a.data_dir is None:
         ap.error("--data folder needs --data-dir")
+    prompts = DEFAULT_PROMPTS
+    if a.prompt_file is not None:
+        prompts = tuple(line.strip() for line in a.prompt_file.read_text(encoding="utf-8").splitlines() if line.strip())
 
     def stream(seed: int, start: int = 0) -> Iterator[tuple[Condition, Tensor]]:
         if data == "shapes":
             return shapes_batches(bundle, seed, a.batch_size, a.null, start)
+        if data == "self":
+            return self_batches(bundle, seed, a.batch_size, a.null, prompts, start)
         return folder_batches(bundle, a.data_dir, seed, a.batch_size, a.null, start)
 
     held = stream(EVAL_SEED)
-    eval_batches = [next(held) for _ in range(a.eval_batches)] if data == "shapes" else None
+    eval_batches = [next(held) for _ in range(a.eval_batches)] if data in ("shapes", "self") else None
     info = {"model": a.model, "data": data, "batch_size": a.batch_size, "lr": a.lr, "p_weight": a.p_weight,
             "noise": a.noise, "null": a.null, "seed": a.seed, "init": None if a.init is None else a.init.name,
             "device": a.device, "threads": a.threads, "torch": torch.__version__}

@@ -58,9 +58,9 @@ def model_assets(model: DictConfig) -> list[Asset]:
     """The hub files a real model config reads (none with random_init, local_dir, or no hub repo)."""
     repo_files = _repo_files(model)
     if repo_files is not None:
-        return _model_repos(model, repo_files)
+        return _model_repos(model, repo_files) + _head_assets(model)
     if model.get("target_repo") and not model.get("random_init"):
-        return _repo_assets(model)
+        return _repo_assets(model) + _head_assets(model)
     if model.get("random_init") or model.get("local_dir") or not (model.get("repo_id") or model.get("tatok_repo")):
         return []
     by_repo: dict[str, list[str]] = {}
@@ -77,6 +77,19 @@ def model_assets(model: DictConfig) -> list[Asset]:
             found.append(HubFiles(f"model.{key}", str(node.repo_id), files, node.get("cache_dir"),
                                   required=("config.json",)))
     return found
+
+
+def _head_assets(model: DictConfig) -> list[Asset]:
+    """The EAGLE head files of a whole-repo model (Lumina-mGPT, Janus-Pro, Emu3) in its own
+    `eagle_head_repo` (LANTERN's Lumina-mGPT head), or none (no repo, a path, random_init)."""
+    repo = model.get("eagle_head_repo")
+    if not repo or model.get("random_init"):
+        return []
+    files = tuple(str(model.get(k)) for k in ("eagle_head_file", "eagle_head_config")
+                  if isinstance(model.get(k), str) and model.get(k) and "/" not in str(model.get(k)))
+    if not files:
+        return []
+    return [HubFiles(f"model {model.get('name')} EAGLE head", str(repo), files, model.get("cache_dir"))]
 
 
 def _repo_files(model: DictConfig) -> tuple[str, ...] | None:

@@ -22,6 +22,20 @@ table, whose caption rows are zero, so the head rotates by the raster position o
 as LANTERN's 119 zero rows do; Tar's absolute table is added to the fc output). The head attends
 without the caption padding mask (LANTERN calls its drafter without one).
 
+Backbones with 1-D rotary positions (Lumina-mGPT, Janus-Pro, Emu3) describe themselves to a head
+with a `TargetSpec` (their `head_spec`); their `positional` returns a 1-D rotary table of each
+slot's own rotary position (end-of-row slots counted, each row from its first real token:
+harness/models/row_ends.py), so a head drafts in the backbone's own position code.
+
+LANTERN's Lumina-mGPT head (`models/drafters/cnets_lumina_mgpt.py` @3a56e45: a one-layer Chameleon
+decoder, config.json with `model_type: chameleon`) adds, per layer, `input_layernorm.weight` (RMSNorm
+before the attention) and Chameleon's per-head query/key LayerNorm
+`self_attn.{q,k}_norm.{weight,bias}` [model_parallel_size, head_dim]; it rotates in the rotate-half
+convention over the full 65536-id vocabulary embedding. `load_lantern` reads it strictly under
+those names, then permutes the query/key channels into the interleaved pairs the shared `attend`
+rotates (a common permutation of q and k leaves every score unchanged) and keeps the embedding
+rows of the image codes (`vocab_ids`).
+
 A head is made for one target: its width, head width, vocabulary, token grid and caption slots
 must match (`check_compatible` names both sides). Files: LANTERN's `config.json` +
 `pytorch_model.bin` or `model.safetensors` (`load_lantern`), or this project's safetensors with the
@@ -33,7 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -42,6 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.models.gpt import GPTConfig
+from harness.models.lumina.chameleon import HeadNorm
 from harness.models.hub import WeightsError, load_strict, read_checkpoint, resolve, state_dict_of
 from harness.models.transformer import KVCache, RMSNorm, attend
 
@@ -66,19 +81,24 @@ class EagleHeadConfig:
     n_kv_head: int | None = None
     norm_eps: float = 1e-6
     fc_bias: bool = True
+    input_norm: bool = False  # RMSNorm before the attention (LANTERN's Chameleon head)
+    qk_norm_shards: int = 0  # Chameleon's per-head q/k LayerNorm with this many affines; 0: none
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_head
 
     @classmethod
-    def for_target(cls, target: GPTConfig, **overrides: Any) -> "EagleHeadConfig":
+    def for_target(cls, target: "GPTConfig | TargetSpec", **overrides: Any) -> "EagleHeadConfig":
         """A head of the target's width, heads, vocabulary, grid and feed-forward width (LANTERN's
-        LlamaGen head: intermediate 3584 = GPT-XL's)."""
-        hidden = int(2 * 4 * target.dim / 3)
-        if target.ffn_dim_multiplier is not None:
-            hidden = int(target.ffn_dim_multiplier * hidden)
-        hidden = -(-hidden // target.multiple_of) * target.multiple_of
+        LlamaGen head: intermediate 3584 = GPT-XL's; a TargetSpec names its own)."""
+        if isinstance(target, TargetSpec):
+            hidden = target.ffn_dim
+        else:
+            hidden = int(2 * 4 * target.dim / 3)
+            if target.ffn_dim_multiplier is not None:
+                hidden = int(target.ffn_dim_multiplier * hidden)
+            hidden = -(-hidden // target.multiple_of) * target.multiple_of
         base = dict(dim=target.dim, n_head=target.n_head, n_kv_head=target.n_kv_head,
                     vocab_size=target.vocab_size, grid=tuple(target.grid), prefix_len=target.prefix_len,
                     ffn_dim=hidden)
@@ -105,6 +125,22 @@ class EagleHeadConfig:
         except KeyError as err:
             raise WeightsError(f"{where} lacks the key {err}; not a LANTERN drafter config.json") from err
 
+    @classmethod
+    def from_lantern_chameleon(cls, config: Mapping[str, Any], where: str, target: "TargetSpec") -> "EagleHeadConfig":
+        """LANTERN's Lumina-mGPT drafter `config.json` (a Chameleon config, one hidden layer) ->
+        EagleHeadConfig; the grid and caption slots are the target's (the config names neither)."""
+        if config.get("num_hidden_layers", 1) != 1:
+            raise WeightsError(f"{where}: num_hidden_layers {config['num_hidden_layers']}; an EAGLE head has 1")
+        try:
+            return cls(dim=int(config["hidden_size"]), n_head=int(config["num_attention_heads"]),
+                       n_kv_head=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+                       vocab_size=int(config["vocab_size"]), grid=tuple(target.grid), prefix_len=target.prefix_len,
+                       ffn_dim=int(config["intermediate_size"]), norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+                       fc_bias=bool(config.get("bias", True)), input_norm=True,
+                       qk_norm_shards=int(config.get("model_parallel_size", 1)))
+        except KeyError as err:
+            raise WeightsError(f"{where} lacks the key {err}; not a LANTERN Chameleon drafter config.json") from err
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
@@ -113,6 +149,26 @@ class EagleHeadConfig:
         values = json.loads(text)
         values["grid"] = tuple(values["grid"])
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a head must match in a target that is not the project's GPT (Lumina-mGPT, Janus-Pro,
+    Emu3: their `head_spec`): width, heads, image codes, grid, condition slots, the feed-forward
+    width a fresh head takes, and the position code (`rope1d`: 1-D rotary positions)."""
+
+    dim: int
+    n_head: int
+    n_kv_head: int
+    vocab_size: int
+    grid: tuple[int, int]
+    prefix_len: int
+    ffn_dim: int
+    pos_embed: str = "rope1d"
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
 
 
 class HeadAttention(nn.Module):
@@ -126,6 +182,9 @@ class HeadAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.dim, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.dim, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * self.head_dim, cfg.dim, bias=False)
+        if cfg.qk_norm_shards:  # LANTERN's Chameleon head: per-head LayerNorm of queries and keys
+            self.q_norm = HeadNorm(cfg.qk_norm_shards, cfg.n_head, self.head_dim)
+            self.k_norm = HeadNorm(min(cfg.qk_norm_shards, self.n_kv_head), self.n_kv_head, self.head_dim)
         self.kv_cache: KVCache | None = None
 
     def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, write: Tensor | None) -> Tensor:
@@ -135,6 +194,8 @@ class HeadAttention(nn.Module):
         q = self.q_proj(x).view(b, t, self.n_head, self.head_dim)
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
         v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         return self.o_proj(attend(q, k, v, rope, mask, write, self.kv_cache))
 
 
@@ -150,16 +211,20 @@ class HeadMLP(nn.Module):
 
 
 class HeadLayer(nn.Module):
-    """LANTERN's decoder layer 0: h = x + attn(x); out = h + mlp(norm(h)) (no input norm)."""
+    """LANTERN's decoder layer 0: h = x + attn(x); out = h + mlp(norm(h)) (no input norm; the
+    Chameleon head's `input_norm`: h = x + attn(norm(x)))."""
 
     def __init__(self, cfg: EagleHeadConfig) -> None:
         super().__init__()
         self.self_attn = HeadAttention(cfg)
         self.mlp = HeadMLP(cfg.dim, cfg.ffn_dim)
+        if cfg.input_norm:
+            self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
 
     def forward(self, x: Tensor, rope: Tensor | None, mask: Tensor | None, write: Tensor | None) -> Tensor:
-        h = x + self.self_attn(x, rope, mask, write)
+        normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        h = x + self.self_attn(normed, rope, mask, write)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -199,12 +264,12 @@ class EagleHead(nn.Module):
 
 
 # ----------------------------------------------------------------------------- compatibility
-def check_compatible(head: EagleHeadConfig, target: GPTConfig, where: str) -> None:
+def check_compatible(head: EagleHeadConfig, target: "GPTConfig | TargetSpec", where: str) -> None:
     """Refuse a head that was not made for `target`, naming both sides (`where`: the head's file)."""
     problems = []
     if head.dim != target.dim:
         problems.append(f"width {head.dim} vs the target's {target.dim}")
-    elif head.head_dim != target.head_dim and target.pos_embed == "rope2d":
+    elif head.head_dim != target.head_dim and target.pos_embed in ("rope2d", "rope1d"):
         problems.append(f"head width {head.head_dim} ({head.n_head} heads) vs the target's {target.head_dim} "
                         f"({target.n_head} heads): the head uses the target's rotary table")
     if head.vocab_size != target.vocab_size:
@@ -219,7 +284,8 @@ def check_compatible(head: EagleHeadConfig, target: GPTConfig, where: str) -> No
 
 
 # ----------------------------------------------------------------------------- files
-def random_head(target_cfg: GPTConfig, tok_embeddings: Tensor, seed: int = 0, **overrides: Any) -> EagleHead:
+def random_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, seed: int = 0,
+                **overrides: Any) -> EagleHead:
     """A seeded, untrained head for `target_cfg` (tests, tiny stacks, the start of training):
     N(0, 0.02) weights, the frozen embedding copied from the target's token embedding."""
     with torch.random.fork_rng(devices=[]):
@@ -235,17 +301,55 @@ def random_head(target_cfg: GPTConfig, tok_embeddings: Tensor, seed: int = 0, **
     return head.eval()
 
 
-def load_lantern(config_path: Path, weights_path: Path, trust_pickle: bool = False) -> EagleHead:
+def load_lantern(config_path: Path, weights_path: Path, trust_pickle: bool = False,
+                 target: "GPTConfig | TargetSpec | None" = None, vocab_ids: Tensor | None = None) -> EagleHead:
     """A released LANTERN head: its `config.json` and `pytorch_model.bin` (or model.safetensors),
-    loaded strictly."""
+    loaded strictly. A Chameleon head (config `model_type: chameleon`, Lumina-mGPT) takes its grid
+    and caption slots from `target` (a TargetSpec) and keeps the embedding rows `vocab_ids` [V]
+    (the vocabulary id of each image code) after the strict load."""
     try:
         config = json.loads(Path(config_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise WeightsError(f"cannot read the EAGLE head config {config_path}: {err}") from err
-    head = EagleHead(EagleHeadConfig.from_lantern(config, str(config_path)))
+    chameleon = config.get("model_type") == "chameleon"
+    if chameleon:
+        if not isinstance(target, TargetSpec) or vocab_ids is None:
+            raise WeightsError(f"{config_path} is LANTERN's Chameleon (Lumina-mGPT) head: it drafts for a "
+                               "Lumina-mGPT target only")
+        cfg = EagleHeadConfig.from_lantern_chameleon(config, str(config_path), target)
+    else:
+        cfg = EagleHeadConfig.from_lantern(config, str(config_path))
+    head = EagleHead(cfg)
     state = state_dict_of(read_checkpoint(Path(weights_path), trust_pickle), Path(weights_path))
     load_strict(head, state, weights_path, "EAGLE head (LANTERN)")
+    if chameleon:
+        head = _from_chameleon(head, vocab_ids, str(weights_path))  # type: ignore[arg-type]
     return head.eval()
+
+
+def _from_chameleon(head: EagleHead, vocab_ids: Tensor, where: str) -> EagleHead:
+    """LANTERN's Chameleon head as the shared head runs it: query/key channels from rotate-half
+    pairs (j, j + hd/2) to interleaved pairs (2j, 2j + 1) in q_proj / k_proj rows and the q/k-norm
+    affines, and the embedding rows of the image codes only (vocabulary ids `vocab_ids` [V])."""
+    cfg = head.cfg
+    if int(vocab_ids.max()) >= cfg.vocab_size:
+        raise WeightsError(f"{where}: the head embeds {cfg.vocab_size} vocabulary ids; the target's image codes "
+                           f"reach id {int(vocab_ids.max())}")
+    hd = cfg.head_dim
+    order = torch.stack([torch.arange(hd // 2), torch.arange(hd // 2) + hd // 2], -1).flatten()  # new c <- old
+    att = head.layers[0].self_attn
+    with torch.no_grad():
+        for proj, heads in ((att.q_proj, cfg.n_head), (att.k_proj, att.n_kv_head)):
+            w = proj.weight.view(heads, hd, -1)
+            proj.weight.copy_(w[:, order].reshape(heads * hd, -1))
+        for norm in (att.q_norm, att.k_norm):
+            norm.weight.copy_(norm.weight[:, order])
+            norm.bias.copy_(norm.bias[:, order])
+    out = EagleHead(replace(cfg, vocab_size=int(vocab_ids.numel())))
+    state = dict(head.state_dict())
+    state["embed_tokens.weight"] = state["embed_tokens.weight"][vocab_ids.long().cpu()]
+    out.load_state_dict(state)
+    return out
 
 
 HEAD_META = "eagle_head"
@@ -295,21 +399,24 @@ def read_info(path: Path) -> dict[str, Any]:
         return json.loads((f.metadata() or {}).get("info", "{}"))
 
 
-def build_head(target_cfg: GPTConfig, tok_embeddings: Tensor, *, file: str | None = None,
+def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *, file: str | None = None,
                config_file: str | None = None, repo_id: str | None = None, local_dir: str | None = None,
                cache_dir: str | None = None, random: bool = False, seed: int = 0,
-               trust_pickle: bool = False) -> EagleHead:
+               trust_pickle: bool = False, vocab_ids: Tensor | None = None) -> EagleHead:
     """The EAGLE head a model config names, checked against the target:
 
-    - `random`: a seeded untrained head (random_head);
+    - `random`: a seeded untrained head (random_head), unless `file` is a path to an existing file
+      (a head trained for a random stand-in: loaded as below);
     - `file` ending in .safetensors with the head config in its metadata: a head this project
       trained (load_trained);
     - otherwise LANTERN's release: `file` (pytorch_model.bin, or model.safetensors as LANTERN's
-      from_pretrained falls back to) and `config_file` (config.json).
+      from_pretrained falls back to) and `config_file` (config.json); a Chameleon head keeps the
+      embedding rows `vocab_ids` (load_lantern).
     A file with a directory part is a path; a bare name is read from `local_dir` or downloaded from
     the Hugging Face repo `repo_id` (harness.models.hub.resolve).
     """
-    if random:
+    trained_file = bool(file) and Path(str(file)).name != file and Path(str(file)).expanduser().is_file()
+    if random and not trained_file:
         return random_head(target_cfg, tok_embeddings, seed)
     if not file:
         raise WeightsError("model.eagle_head_file is not set: name the head's weights file (or its repo "
@@ -338,14 +445,24 @@ def build_head(target_cfg: GPTConfig, tok_embeddings: Tensor, *, file: str | Non
                         "baselines.training.train_eagle), so it is read as LANTERN's release "
                         "(model.safetensors or pytorch_model.bin)")
             raise WeightsError(f"{what}: set model.eagle_head_config (its config.json)")
-        head = load_lantern(find(config_file), path, trust_pickle)
+        head = load_lantern(find(config_file), path, trust_pickle, target_cfg, vocab_ids)
     check_compatible(head.cfg, target_cfg, str(path))
     log.info("loaded the EAGLE head %s", path)
     return head
 
 
+def head_spec(target: Any) -> "GPTConfig | TargetSpec":
+    """What a head for `target` must match: its `head_spec` (Lumina-mGPT, Janus-Pro, Emu3) or its
+    GPT's config (the project's GPT: LlamaGen, Tar, shapes, random)."""
+    spec = getattr(target, "head_spec", None)
+    return spec if spec is not None else target.gpt.cfg
+
+
 def attach_head(target: Any, dtype: torch.dtype, **where: Any) -> None:
-    """Build the EAGLE head of an official target (an OfficialImageModel) with `build_head(**where)`
-    and attach it as `target.eagle_head` in `dtype` (LlamaGen and Tar loaders)."""
-    head = build_head(target.gpt.cfg, target.gpt.tok_embeddings.weight, **where)
+    """Build the EAGLE head of a target (an OfficialImageModel, or a backbone with `head_spec`) with
+    `build_head(**where)` and attach it as `target.eagle_head` in `dtype` (the loaders of LlamaGen,
+    Tar, Lumina-mGPT, Janus-Pro and Emu3)."""
+    with torch.no_grad():
+        embeddings = target.token_embeddings.detach().float().cpu()
+    head = build_head(head_spec(target), embeddings, vocab_ids=getattr(target, "code_ids", None), **where)
     target.eagle_head = head.to(dtype)

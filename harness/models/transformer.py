@@ -64,6 +64,15 @@ def rope_2d_table(grid: tuple[int, int], head_dim: int, base: float, prefix_len:
     return torch.cat([torch.stack([cos0, torch.zeros(prefix_len, half)], dim=-1), table])
 
 
+def rope_1d_table(positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotary positions [B, T] and frequencies inv_freq [hd/2] -> a 1-D rotation table
+    [B, T, hd/2, 2] (cos, sin) in float32 for `apply_rope`: pair j turns by position * inv_freq[j].
+    The position code an EAGLE head borrows from a 1-D rotary backbone (Lumina-mGPT, Janus-Pro,
+    Emu3), whose own layers rotate the same angles in the rotate-half pairing."""
+    angles = positions.float()[..., None] * inv_freq.float().to(positions.device)  # [B, T, hd/2]
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
     """x [B, T, H, hd], table [B, T, hd/2, 2] -> x rotated pairwise (x0, x1) by (cos, sin), in
     float32 and cast back to x's dtype (LlamaGen's `apply_rotary_emb`; the GPT keeps its table

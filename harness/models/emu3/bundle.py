@@ -22,6 +22,7 @@ from harness.api import ConfigValueError, ModelBundle
 from harness.models.emu3.model import Emu3ImageModel
 from harness.models.emu3.prompts import Emu3Conditioner, PromptTokenizer
 from harness.models.emu3.tiny import tiny_model
+from harness.models.eagle_head import attach_head
 from harness.models.hub import WeightsError, dtype_of, snapshot
 from harness.models.janus.bundle import hub_revision
 
@@ -84,10 +85,15 @@ def build(name: str = "emu3", tokenizer: PromptTokenizer | None = None, repo_id:
           local_dir: str | None = None, cache_dir: str | None = None, target_size: int = 720,
           drafter: bool = False, drafter_size: int | None = None, prompt_slots: int = 256,
           negative_prompt: str = "", codebook_size: int = 32768, dtype: str = "bf16", device: str | None = None,
-          random_init: bool = False, arch: dict[str, Any] | None = None, seed: int = 0) -> ModelBundle:
+          random_init: bool = False, arch: dict[str, Any] | None = None, seed: int = 0,
+          eagle_head_file: str | None = None, eagle_head_config: str | None = None,
+          eagle_head_repo: str | None = None) -> ModelBundle:
     """The target at `target_size` px, with `drafter` the same weights at `drafter_size` px (MuLo-SD),
     and the conditioner (`tokenizer`, `negative_prompt` for CFG). `random_init`: a tiny random model
-    built in code (harness/models/emu3/tiny.py, `arch` sizing it)."""
+    built in code (harness/models/emu3/tiny.py, `arch` sizing it). `eagle_head_file`: the target's
+    EAGLE head (harness/models/eagle_head.build_head: a head trained by python -m
+    baselines.training.train_eagle, or with `eagle_head_config` LANTERN's release; a path or a file of
+    the Hugging Face repo `eagle_head_repo`; random with `random_init`; null: none)."""
     if tokenizer is None:
         raise ValueError("model.tokenizer is required (ChatPromptTokenizer for the real model, "
                          "TinyPromptTokenizer for emu3_tiny)")
@@ -115,6 +121,10 @@ def build(name: str = "emu3", tokenizer: PromptTokenizer | None = None, repo_id:
         grids.append(low)
     conditioner = Emu3Conditioner(tokenizer, int(prompt_slots), negative_prompt, grids)
     models = [Emu3ImageModel(hf, g, int(prompt_slots), conditioner.header_len(g), *norm) for g in grids]
+    target = models[0]
+    if eagle_head_file:  # a path, or a file of eagle_head_repo (local_dir holds other files here)
+        attach_head(target, torch_dtype, file=eagle_head_file, config_file=eagle_head_config,
+                    repo_id=eagle_head_repo, cache_dir=cache_dir, random=random_init, seed=seed + 4)
     weights_id = f"hub:{revision}" if revision else None  # a hub snapshot is its commit; else digested
     bundle = ModelBundle(name=name, target=models[0], drafter=models[1] if drafter else None,
                          conditioner=conditioner, weights_id=weights_id)

@@ -29,6 +29,11 @@ wrapper hides it, as Lumina-mGPT's does (harness/models/lumina/image_model.py):
   which is what transformers' prefix constraint keeps at an image position;
 * rotary positions count from each row's first real token (left padding takes none), so a batch
   row computes what transformers computes for its prompt alone.
+
+EAGLE heads (harness/models/eagle_head.py) read `hidden` (the last forward's final-norm states, an
+input ending a row giving its end-of-row token's), `positional` (a 1-D rotary table of the rotary
+positions of harness slots, end-of-row tokens counted), `head_logits` (the LM head's image-code
+rows), `head_spec` and `eagle_head` (the head the bundle attached, or None).
 """
 from __future__ import annotations
 
@@ -38,11 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.models.eagle_head import TargetSpec
 from harness.models.emu3.condition import Emu3Prompt
 from harness.models.masks import attention_mask, hide
 from harness.models.row_ends import SlotMap
 from harness.models.llama_layers import rotary, run_layers
-from harness.models.transformer import KVCache
+from harness.models.transformer import KVCache, rope_1d_table
 
 
 class Emu3ImageModel(nn.Module):
@@ -87,6 +93,8 @@ class Emu3ImageModel(nn.Module):
         self.offset: Tensor | None = None  # [B] padding slots of each row (rotary shift)
         self.scratch_pos: Tensor | None = None  # [B, scratch] image position written to each scratch slot
         self._head: tuple[Any, Tensor] | None = None  # (weight version key, [V, dim] LM head rows)
+        self.hidden: Tensor | None = None  # [B, T, dim] final-norm states of the last forward (EAGLE heads)
+        self.eagle_head: nn.Module | None = None
         self._rope = rotary("emu3")  # rotate-half rotary embedding
 
     # ---------------------------------------------------------------- properties
@@ -138,6 +146,37 @@ class Emu3ImageModel(nn.Module):
         space GSD measures its groups in."""
         return self.hf.model.text_model.embed_tokens.weight[self.code_ids]
 
+    @property
+    def head_spec(self) -> TargetSpec:
+        """What an EAGLE head for this model must match (harness/models/eagle_head.check_compatible)."""
+        text = self.hf.config.text_config
+        return TargetSpec(dim=int(text.hidden_size), n_head=self.n_head, n_kv_head=self.n_kv_head,
+                          vocab_size=self.vocab_size, grid=self.grid, prefix_len=self.prefix_len,
+                          ffn_dim=int(text.intermediate_size))
+
+    @staticmethod
+    def model_rows(x: Tensor) -> Tensor:
+        return x
+
+    @staticmethod
+    def guide(logits: Tensor) -> Tensor:
+        return logits
+
+    def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Harness sequence slots [R, T] (< S) -> (h unchanged, the 1-D rotary table [R, T, hd/2, 2]
+        of their rotary positions: cache slot, end-of-row tokens counted, minus the row's padding)."""
+        if self.offset is None:
+            raise RuntimeError("prefill the prompt before the EAGLE head runs")
+        positions = (self.map.cache_slot(slots) - self.offset[:, None].to(slots.device)).clamp(min=0)
+        return h, rope_1d_table(positions, self.hf.model.text_model.rotary_emb.inv_freq)
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Features h [R, T, dim] -> float logits [R, T, V] of the image codes (the LM head's rows
+        read afresh when h needs gradients: training a head, python -m baselines.training.train_eagle)."""
+        if h.requires_grad:
+            return F.linear(h.to(self.dtype), self.hf.lm_head.weight[self.code_ids]).float()
+        return self._logits(h.to(self.dtype))
+
     def _head_rows(self) -> Tensor:
         """[V, dim] the LM head's rows of the image codes, sliced once per weight version."""
         weight = self.hf.lm_head.weight
@@ -162,7 +201,7 @@ class Emu3ImageModel(nn.Module):
         self.scratch = int(scratch)
         self.caches = [KVCache.reuse(c, batch_size, self.n_kv_head, self.cache_slots, self.head_dim, self.dtype,
                                      self.device) for c in self.caches]
-        self.keep = self.offset = None
+        self.keep = self.offset = self.hidden = None
         self.scratch_pos = torch.full((batch_size, self.scratch), -1, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
@@ -194,7 +233,8 @@ class Emu3ImageModel(nn.Module):
         slots = torch.arange(p, device=self.device).expand(b, -1)
         mask = hide(attention_mask(slots, self.cache_slots), slots, ~self.keep)
         x = self.hf.model.text_model.embed_tokens(ids)
-        return self._logits(self._run(x, slots - self.offset[:, None], mask, slots)[:, -1])
+        self.hidden = self._run(x, slots - self.offset[:, None], mask, slots)
+        return self._logits(self.hidden[:, -1])
 
     @torch.inference_mode()
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,  # type: ignore[override]
@@ -221,7 +261,8 @@ class Emu3ImageModel(nn.Module):
                                  self.eol_id, self.scratch)
         x = self.hf.model.text_model.embed_tokens(inputs.ids)
         hidden = self._run(x, (inputs.seq - self.offset[:, None]).clamp(min=0), inputs.mask, inputs.write)
-        return self._logits(inputs.returned(hidden))
+        self.hidden = inputs.returned(hidden)
+        return self._logits(self.hidden)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         """Final-norm states [..., dim] -> float logits [..., V] of the image codes."""

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from harness.api import ModelBundle
+from harness.models.eagle_head import attach_head
 from harness.models.hub import WeightsError, dtype_of, snapshot
 from harness.models.janus.model import JanusImageModel
 from harness.models.janus.prompts import JanusConditioner, PromptTokenizer
@@ -87,12 +88,16 @@ def build(name: str = "janus", tokenizer: PromptTokenizer | None = None, repo_id
           small_drafter_local_dir: str | None = None, cache_dir: str | None = None, prefix_len: int = 256,
           image_size: int = 384, codebook_size: int = 16384, dtype: str = "bf16", device: str | None = None,
           random_init: bool = False, arch: dict[str, Any] | None = None,
-          small_arch: dict[str, Any] | None = None, seed: int = 0) -> ModelBundle:
+          small_arch: dict[str, Any] | None = None, seed: int = 0, eagle_head_file: str | None = None,
+          eagle_head_config: str | None = None, eagle_head_repo: str | None = None) -> ModelBundle:
     """The target (`repo_id` / `local_dir`), the optional small drafter (`small_drafter_repo` /
     `small_drafter_local_dir`) and the prompt conditioner (`tokenizer`; pad / BOS / image-start ids
     from the target's generation config). `random_init`: tiny random models built in code
     (harness/models/janus/tiny.py; `arch` sizes the target, `small_arch` overrides them for a small
-    drafter, null: none)."""
+    drafter, null: none). `eagle_head_file`: the target's EAGLE head
+    (harness/models/eagle_head.build_head: a head trained by python -m baselines.training.train_eagle,
+    or with `eagle_head_config` LANTERN's release; a path or a file of the Hugging Face repo
+    `eagle_head_repo`; random with `random_init`; null: none)."""
     if tokenizer is None:
         raise ValueError("model.tokenizer is required (ChatPromptTokenizer for the real models, "
                          "TinyPromptTokenizer for janus_tiny)")
@@ -111,6 +116,9 @@ def build(name: str = "janus", tokenizer: PromptTokenizer | None = None, repo_id
             revisions.append(revision)
     target = JanusImageModel(target_hf, prefix_len)
     _check(target, "target", image_size, codebook_size)
+    if eagle_head_file:  # a path, or a file of eagle_head_repo (local_dir holds other files here)
+        attach_head(target, torch_dtype, file=eagle_head_file, config_file=eagle_head_config,
+                    repo_id=eagle_head_repo, cache_dir=cache_dir, random=random_init, seed=seed + 4)
     pad, kept = special_ids(target_hf)
     small = None
     if small_hf is not None:

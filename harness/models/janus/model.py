@@ -12,6 +12,10 @@ Janus's generation path, as `generate(generation_mode="image")` uses it:
 - image token: `generation_embeddings` (16384 x 8) -> `generation_aligner` (MLP to the LLM width);
 - logits: `generation_head` (proj_out -> GELU -> vision_head, 16384-way) on the final-norm state.
 
+EAGLE heads (harness/models/eagle_head.py) read `hidden`, `positional` (a 1-D rotary table of the
+rotary positions of harness slots), `head_logits` (the generation head), `head_spec` and
+`eagle_head` (the head the bundle attached, or None).
+
 Cache slots: `prefix_len` prompt slots (left-padded; a padded slot is seen by no other query), then
 image raster position i at slot `prefix_len + i`. Rotary positions count from each row's first prompt
 token (padding takes none), so a row computes what transformers computes for its prompt alone: the
@@ -23,10 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from harness.models.eagle_head import TargetSpec
 from harness.models.janus.condition import PromptIds
 from harness.models.masks import attention_mask, hide
 from harness.models.llama_layers import rotary, run_layers
-from harness.models.transformer import KVCache
+from harness.models.transformer import KVCache, rope_1d_table
 
 
 class JanusImageModel(nn.Module):
@@ -122,6 +127,26 @@ class JanusImageModel(nn.Module):
     @staticmethod
     def model_rows(x: Tensor) -> Tensor:
         return x
+
+    @property
+    def head_spec(self) -> TargetSpec:
+        """What an EAGLE head for this model must match (harness/models/eagle_head.check_compatible)."""
+        text = self.hf.config.text_config
+        return TargetSpec(dim=int(text.hidden_size), n_head=self.n_head, n_kv_head=self.n_kv_head,
+                          vocab_size=self.vocab_size, grid=self.grid, prefix_len=self.prefix_len,
+                          ffn_dim=int(text.intermediate_size))
+
+    def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Sequence slots [R, T] -> (h unchanged, the 1-D rotary table [R, T, hd/2, 2] of their rotary
+        positions: slot minus the row's padding, the frequencies of the LLM's rotary embedding)."""
+        if self.offset is None:
+            raise RuntimeError("prefill the prompt before the EAGLE head runs")
+        positions = (slots - self.offset[:, None].to(slots.device)).clamp(min=0)
+        return h, rope_1d_table(positions, self.hf.model.language_model.rotary_emb.inv_freq)
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Features h [R, T, dim] -> float logits [R, T, V] through the generation head."""
+        return self.hf.model.generation_head(h.to(self.dtype)).float()
 
     @staticmethod
     def guide(logits: Tensor) -> Tensor:

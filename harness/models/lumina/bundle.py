@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import torch
 
 from harness.api import ConfigValueError, ModelBundle
+from harness.models.eagle_head import attach_head
 from harness.models.hub import WeightsError, dtype_of, load_strict, snapshot
 from harness.models.lumina.chameleon import ChameleonArch, ChameleonLM
 from harness.models.lumina.image_model import LuminaImageModel
@@ -132,10 +133,14 @@ def build(name: str = "lumina_mgpt", target_repo: str = "Alpha-VLLM/Lumina-mGPT-
           prompt_slots: int = 128, dtype: str = "bf16", vq_dtype: str = "fp32", device: str | None = None,
           trust_pickle: bool = False, random_init: bool = False, seed: int = 0, arch: dict[str, Any] | None = None,
           vqgan: dict[str, Any] | None = None, tokens: dict[str, Any] | None = None,
-          byte_tokenizer: int | None = None) -> ModelBundle:
+          byte_tokenizer: int | None = None, eagle_head_file: str | None = None,
+          eagle_head_config: str | None = None, eagle_head_repo: str | None = None) -> ModelBundle:
     """Target at `target_size` px (square), drafter at `drafter_size` px (null: none), one
     VQGAN, one chat conditioner for both sizes. `byte_tokenizer`: the id of byte 0 of a byte-level
-    text tokenizer (the tiny stand-in), null: the checkpoint's BPE tokenizer."""
+    text tokenizer (the tiny stand-in), null: the checkpoint's BPE tokenizer.
+    `eagle_head_file`: the target's EAGLE head (harness/models/eagle_head.build_head: a head trained by
+    python -m baselines.training.train_eagle, or with `eagle_head_config` LANTERN's release, a path or a
+    file of the Hugging Face repo `eagle_head_repo`; random with `random_init`; null: none)."""
     if drafter_size is not None:
         _mulo_ratio(target_size, drafter_size)
         if not (random_init or drafter_repo):
@@ -180,6 +185,9 @@ def build(name: str = "lumina_mgpt", target_repo: str = "Alpha-VLLM/Lumina-mGPT-
         return LuminaImageModel(lms[role], vq, (px, px), prompt_slots, special, ids, vq.cfg.downsample)
 
     target = model("target")
+    if eagle_head_file:  # a path, or a file of eagle_head_repo (local_dir holds other files here)
+        attach_head(target, dtype_of(dtype), file=eagle_head_file, config_file=eagle_head_config,
+                    repo_id=eagle_head_repo, cache_dir=cache_dir, random=random_init, seed=seed + 4)
     drafter = model("drafter") if "drafter" in lms else None
     size_list = [target.size] + ([drafter.size] if drafter is not None else [])
     bundle = ModelBundle(name=name, target=target, drafter=drafter,

@@ -24,6 +24,12 @@ by the end-of-row token <eol>. The wrapper hides it:
 * rotary positions count from each row's first real token (left padding shifts nothing), so a batch
   row computes what it computes alone.
 
+EAGLE heads (harness/models/eagle_head.py, baselines/methods/eagle.py) read `hidden` (the last
+forward's final-norm states, an input ending a row giving its <eol>'s state, the one that predicts
+the next row's first token), `positional` (a 1-D rotary table of each harness slot's rotary
+position: its cache slot, <eol>s counted, minus the row's padding), `head_logits` (the LM head's
+image-code rows), `head_spec` and `eagle_head` (the head the bundle attached, or None).
+
 Classifier-free guidance (harness/models/guidance.py doubles the batch): a null row keeps only the
 header of its prefix, at rotary positions 0, 1, 2, followed by the same image tokens and <eol>s as
 its conditional row. That is the official unbatched CFG: its unconditional context is
@@ -34,13 +40,16 @@ the 8192 image logits equals mixing the 65536 and then suppressing the non-image
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.models.lumina.chameleon import ChameleonLM
 from harness.models.lumina.layout import HEADER, SpecialTokens, check_header, header
 from harness.models.row_ends import SlotMap
 from harness.models.lumina.prompts import ChatCondition
+from harness.models.eagle_head import TargetSpec
 from harness.models.masks import attention_mask, hide
+from harness.models.transformer import rope_1d_table
 from harness.models.wrapper import forwarded
 
 
@@ -67,6 +76,8 @@ class LuminaImageModel(nn.Module):
         self.keep: Tensor | None = None  # [B, cache_slots] bool: slots a query may see (not padding, trash)
         self.offset: Tensor | None = None  # [B] rotary position of slot 0 is -offset
         self.scratch_pos: Tensor | None = None  # [B, scratch] image position written to each scratch slot
+        self.hidden: Tensor | None = None  # [B, T, dim] final-norm states of the last forward (EAGLE heads)
+        self.eagle_head: nn.Module | None = None
 
     @property
     def prefix_len(self) -> int:
@@ -77,6 +88,37 @@ class LuminaImageModel(nn.Module):
         """[V, dim] the LM's input embedding of each image code (vocabulary ids `code_ids`): the
         space GSD measures its groups in (its code reads Chameleon's `embed_tokens`)."""
         return self.lm.model.embed_tokens.weight[self.code_ids]
+
+    @property
+    def head_spec(self) -> TargetSpec:
+        """What an EAGLE head for this model must match (harness/models/eagle_head.check_compatible)."""
+        a = self.lm.arch
+        return TargetSpec(dim=a.hidden_size, n_head=a.num_attention_heads, n_kv_head=a.num_key_value_heads,
+                          vocab_size=self.vocab_size, grid=self.grid, prefix_len=self.prefix_len,
+                          ffn_dim=a.intermediate_size)
+
+    @staticmethod
+    def model_rows(x: Tensor) -> Tensor:
+        """Caller rows -> the rows the LM runs (the same rows: no guidance)."""
+        return x
+
+    @staticmethod
+    def guide(logits: Tensor) -> Tensor:
+        return logits
+
+    def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Harness sequence slots [R, T] (< S) -> (h unchanged, the 1-D rotary table [R, T, hd/2, 2]
+        of their rotary positions: cache slot, <eol>s counted, minus the row's padding)."""
+        a = self.lm.arch
+        inv = 1.0 / (a.rope_theta ** (torch.arange(0, a.head_dim, 2, device=slots.device).float() / a.head_dim))
+        return h, rope_1d_table(self._rope(self.map.cache_slot(slots)), inv)
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Features h [R, T, dim] -> float logits [R, T, V] over the image codes (LM head rows; read
+        afresh when h needs gradients: training a head, python -m baselines.training.train_eagle)."""
+        if h.requires_grad:
+            return F.linear(h.to(self.lm.dtype), self.lm.lm_head.weight[self.code_ids]).float()
+        return self.lm.logits(h.to(self.lm.dtype), self.code_ids)
 
     @property
     def cache_len(self) -> int:
@@ -103,7 +145,7 @@ class LuminaImageModel(nn.Module):
             raise ValueError(f"scratch slots must be an integer >= 0, got {scratch!r}")
         self.scratch = int(scratch)
         self.lm.setup_cache(batch_size, self.cache_slots)
-        self.keep = self.offset = None
+        self.keep = self.offset = self.hidden = None
         self.scratch_pos = torch.full((batch_size, self.scratch), -1, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
@@ -130,11 +172,12 @@ class LuminaImageModel(nn.Module):
         slots = torch.arange(self.map.prefix, device=self.device).expand(b, -1)
         mask = hide(attention_mask(slots, self.cache_slots), slots, ~self.keep)
         hidden = self.lm.hidden(ids, self._rope(slots), mask, slots)
+        self.hidden = hidden
         return self.lm.logits(hidden[:, -1], self.code_ids)
 
     def _rope(self, slots: Tensor) -> Tensor:
         """Cache slots [B, T] -> rotary positions [B, T] (each row counts from its first real token)."""
-        assert self.offset is not None
+        assert self.offset is not None, "prefill first"
         return (slots - self.offset[:, None]).clamp(min=0)
 
     # ---------------------------------------------------------------- image positions
@@ -168,7 +211,8 @@ class LuminaImageModel(nn.Module):
         inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write), positions, slot_mask,
                                  self.tokens.new_line, self.scratch)
         hidden = self.lm.hidden(inputs.ids, self._rope(inputs.seq), inputs.mask, inputs.write)
-        return self.lm.logits(inputs.returned(hidden), self.code_ids)
+        self.hidden = inputs.returned(hidden)
+        return self.lm.logits(self.hidden, self.code_ids)
 
     # ---------------------------------------------------------------- pixels
     @torch.inference_mode()
