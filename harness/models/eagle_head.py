@@ -171,6 +171,15 @@ class TargetSpec:
         return self.dim // self.n_head
 
 
+def text_model_spec(model: Any) -> TargetSpec:
+    """The TargetSpec of an image model over a transformers text model (Janus-Pro, Emu3): sizes from
+    `model.hf.config.text_config`, heads, codes, grid and condition slots from the model."""
+    text = model.hf.config.text_config
+    return TargetSpec(dim=int(text.hidden_size), n_head=model.n_head, n_kv_head=model.n_kv_head,
+                      vocab_size=model.vocab_size, grid=model.grid, prefix_len=model.prefix_len,
+                      ffn_dim=int(text.intermediate_size))
+
+
 class HeadAttention(nn.Module):
     """Llama attention with separate q/k/v/o projections (LANTERN's names) and a static cache."""
 

@@ -10,6 +10,7 @@ from harness.models.chunked_logits import Finish, Mix, Outputs
 from harness.models.condition import TextCondition
 from harness.models.gpt import GPT
 from harness.models.wrapper import forwarded
+from harness.models.own_rows import OwnRows
 
 
 class ImageTokenizer(Protocol):
@@ -23,7 +24,7 @@ class ImageTokenizer(Protocol):
     def decode(self, tokens: Tensor) -> Tensor: ...  # int64 [B, h, w] -> uint8 [B, 3, H, W]
 
 
-class TokenImageModel(nn.Module):
+class TokenImageModel(OwnRows, nn.Module):
     """ARImageModel over `gpt.cfg.grid` tokens; images are produced by `tokenizer`.
 
     The KV cache lives in the GPT; `forward` is the cached forward of the contract.
@@ -66,15 +67,7 @@ class TokenImageModel(nn.Module):
     def setup_cache(self, batch_size: int, scratch: int = 0) -> None:
         self.gpt.setup_cache(batch_size, scratch=scratch)
 
-    @staticmethod
-    def model_rows(x: Tensor) -> Tensor:
-        """Caller rows [B, ...] -> the rows the GPT runs (the same rows: no guidance)."""
-        return x
 
-    @staticmethod
-    def guide(logits: Tensor) -> Tensor:
-        """Logits in model rows -> caller rows (the identity: no guidance)."""
-        return logits
 
     def head_logits(self, h: Tensor) -> Tensor:
         """Features h [R, T, dim] in model rows -> float logits [B, T, V] in caller rows, through the

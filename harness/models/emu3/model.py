@@ -43,15 +43,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.models.eagle_head import TargetSpec
+from harness.models.eagle_head import TargetSpec, text_model_spec
 from harness.models.emu3.condition import Emu3Prompt
 from harness.models.masks import attention_mask, hide
 from harness.models.row_ends import SlotMap
 from harness.models.llama_layers import rotary, run_layers
 from harness.models.transformer import KVCache, rope_1d_table
+from harness.models.own_rows import OwnRows
 
 
-class Emu3ImageModel(nn.Module):
+class Emu3ImageModel(OwnRows, nn.Module):
     """ARImageModel over `hf` (an Emu3ForConditionalGeneration) at `grid` (rows, cols) tokens.
 
     Args:
@@ -149,18 +150,9 @@ class Emu3ImageModel(nn.Module):
     @property
     def head_spec(self) -> TargetSpec:
         """What an EAGLE head for this model must match (harness/models/eagle_head.check_compatible)."""
-        text = self.hf.config.text_config
-        return TargetSpec(dim=int(text.hidden_size), n_head=self.n_head, n_kv_head=self.n_kv_head,
-                          vocab_size=self.vocab_size, grid=self.grid, prefix_len=self.prefix_len,
-                          ffn_dim=int(text.intermediate_size))
+        return text_model_spec(self)
 
-    @staticmethod
-    def model_rows(x: Tensor) -> Tensor:
-        return x
 
-    @staticmethod
-    def guide(logits: Tensor) -> Tensor:
-        return logits
 
     def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
         """Harness sequence slots [R, T] (< S) -> (h unchanged, the 1-D rotary table [R, T, hd/2, 2]

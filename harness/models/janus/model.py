@@ -27,14 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness.models.eagle_head import TargetSpec
+from harness.models.eagle_head import TargetSpec, text_model_spec
 from harness.models.janus.condition import PromptIds
 from harness.models.masks import attention_mask, hide
 from harness.models.llama_layers import rotary, run_layers
 from harness.models.transformer import KVCache, rope_1d_table
+from harness.models.own_rows import OwnRows
 
 
-class JanusImageModel(nn.Module):
+class JanusImageModel(OwnRows, nn.Module):
     """ARImageModel over `hf` (a JanusForConditionalGeneration) at its fixed grid.
 
     Args:
@@ -124,17 +125,11 @@ class JanusImageModel(nn.Module):
     def hidden(self) -> Tensor | None:
         return self.last_hidden
 
-    @staticmethod
-    def model_rows(x: Tensor) -> Tensor:
-        return x
 
     @property
     def head_spec(self) -> TargetSpec:
         """What an EAGLE head for this model must match (harness/models/eagle_head.check_compatible)."""
-        text = self.hf.config.text_config
-        return TargetSpec(dim=int(text.hidden_size), n_head=self.n_head, n_kv_head=self.n_kv_head,
-                          vocab_size=self.vocab_size, grid=self.grid, prefix_len=self.prefix_len,
-                          ffn_dim=int(text.intermediate_size))
+        return text_model_spec(self)
 
     def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
         """Sequence slots [R, T] -> (h unchanged, the 1-D rotary table [R, T, hd/2, 2] of their rotary
@@ -148,9 +143,6 @@ class JanusImageModel(nn.Module):
         """Features h [R, T, dim] -> float logits [R, T, V] through the generation head."""
         return self.hf.model.generation_head(h.to(self.dtype)).float()
 
-    @staticmethod
-    def guide(logits: Tensor) -> Tensor:
-        return logits
 
     # ---------------------------------------------------------------- cache
     @torch.inference_mode()

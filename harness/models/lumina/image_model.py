@@ -51,9 +51,10 @@ from harness.models.eagle_head import TargetSpec
 from harness.models.masks import attention_mask, hide
 from harness.models.transformer import rope_1d_table
 from harness.models.wrapper import forwarded
+from harness.models.own_rows import OwnRows
 
 
-class LuminaImageModel(nn.Module):
+class LuminaImageModel(OwnRows, nn.Module):
     """ARImageModel over a `grid` of VQGAN codes of an image of `size` (width, height) px."""
 
     device = forwarded("lm.device")
@@ -97,14 +98,7 @@ class LuminaImageModel(nn.Module):
                           vocab_size=self.vocab_size, grid=self.grid, prefix_len=self.prefix_len,
                           ffn_dim=a.intermediate_size)
 
-    @staticmethod
-    def model_rows(x: Tensor) -> Tensor:
-        """Caller rows -> the rows the LM runs (the same rows: no guidance)."""
-        return x
 
-    @staticmethod
-    def guide(logits: Tensor) -> Tensor:
-        return logits
 
     def positional(self, h: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
         """Harness sequence slots [R, T] (< S) -> (h unchanged, the 1-D rotary table [R, T, hd/2, 2]
