@@ -44,7 +44,7 @@ def visual_token(code: int) -> str:
 
 def vocabulary_map(codes: int, first_code: int, seed: int) -> dict[str, int]:
     """The stand-in's vocabulary map: specials, then code c at id first_code + perm[c]."""
-    perm = torch.randperm(codes, generator=torch.Generator().manual_seed(seed)).tolist()
+    perm = torch.randperm(codes, generator=torch.Generator().manual_seed(seed), device="cpu").tolist()
     names = {"<|extra_204|>": PAD, "<|extra_203|>": BOS, "<|endoftext|>": EOS, "<|image start|>": BOI,
              "<|image end|>": EOI, "<|extra_201|>": EOF, "<|image token|>": WRAPPER, "<|extra_200|>": EOL,
              "<image>": IMAGE, "*": STAR, **{str(d): DIGIT0 + d for d in range(10)}}
