@@ -32,6 +32,10 @@ Per model, two tables:
    the full sequence, one query). The FLOP columns count the matrix products (weights, dense masked
    attention, the image head) of the full depth.
 
+The header gives the matrix-product rate of `--dtype` and of fp32 on this CPU: without native bf16
+arithmetic (AVX2 only) bf16 products run tens of times slower than fp32 (a warning says so; use
+`--dtype fp32` there).
+
 `--small` shrinks width, grid and prompt slots (tests; the layouts are then not the released ones).
 This is a microbenchmark of single forwards with random weights, not a timing of decoders (those
 come from the harness pipeline, harness/generate.py).
@@ -353,6 +357,18 @@ def measure(name: str, layers: int = 1, dtype: str = "bf16", repeats: int = 1, s
     return out
 
 
+def gemm_rate(dtype: torch.dtype, size: int = 1024, tokens: int = 128) -> float:
+    """GFLOP/s of a [tokens, size] x [size, size] matrix product in `dtype` on this CPU (the best of
+    three): a CPU without native bf16 / fp16 arithmetic runs these dtypes far below fp32."""
+    x, w = torch.randn(tokens, size).to(dtype), torch.randn(size, size).to(dtype)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        x @ w
+        best = min(best, time.perf_counter() - start)
+    return 2 * tokens * size * size / best / 1e9
+
+
 def layout_table(results: list[dict[str, Any]]) -> list[list[str]]:
     head = ["model", "width", "layers", "heads (kv)", "head dim", "MLP", "LM vocab", "image codes", "grid",
             "condition slots", "row ends", "sequence", "weights GB", "params (B)", "KV GB (2 rows)"]
@@ -393,8 +409,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if a.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {a.repeats}")
     names = [n for n in a.models.split(",") if n]
+    rate, fp32 = gemm_rate(dtype_of(a.dtype)), gemm_rate(torch.float32)
     print(header(models=",".join(names), layers=a.layers, dtype=a.dtype, threads=torch.get_num_threads(), rows=ROWS,
-                 repeats=a.repeats, small=a.small))
+                 repeats=a.repeats, small=a.small, cpu=torch.backends.cpu.get_cpu_capability(),
+                 gemm_gflops=f"{a.dtype}:{rate:.1f},fp32:{fp32:.1f}"))
+    if rate < fp32 / 4:
+        log.warning("matrix products in %s run at %.1f GFLOP/s here, fp32 at %.1f: this CPU has no fast %s path; "
+                    "whole-sequence forwards will take far longer than in fp32 (--dtype fp32)", a.dtype, rate, fp32,
+                    a.dtype)
     results = [measure(name, a.layers, a.dtype, a.repeats, a.small) for name in names]
     print("\n### layouts (full depth; weights: the language model and the image path's embedding and head)\n")
     table = layout_table(results)
