@@ -16,9 +16,12 @@ token to its twin, m slots further on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from harness.models.masks import attention_mask
 
 
 @dataclass(frozen=True)
@@ -175,3 +178,26 @@ class SlotMap:
                             write=torch.cat([write, eol_write], 1),
                             seq=torch.cat([seq, seq.gather(1, order) + 1], 1),
                             mask=torch.cat([mask, eol_mask], 1), queries=t, source=source)
+
+
+def layout_inputs(model: Any, tokens: Tensor, positions: Tensor, mask: Tensor | None, slots: Tensor | None,
+                  eol_id: int) -> Any:
+    """A cached forward's harness-side arguments -> the LM's inputs with the end-of-row tokens
+    (`SlotMap.with_row_ends`), for an image model over a SlotMap (Lumina-mGPT, Emu3): tokens [B, T]
+    codes at image positions [T] or [B, T], mask [B, T, S + m] bool (None: slot-causal), slots
+    [B, T] harness slots to write (None: each position's own). `model` holds `map`, `device`,
+    `total` (slots + scratch), `cache_len`, `scratch`, `scratch_pos`, `code_ids` and `_slot_mask`."""
+    m, dev = model.map, model.device
+    tokens = tokens.to(dev)
+    b, t = tokens.shape
+    positions = positions.to(dev).expand(b, -1)
+    write = positions + m.prefix if slots is None else slots.to(dev).expand(b, -1)
+    if mask is None:
+        mask = attention_mask(write, model.total)
+    elif mask.shape != (b, t, model.total):
+        raise ValueError(f"mask must have shape {(b, t, model.total)} (S = {model.cache_len} slots + "
+                         f"{model.scratch} scratch), got {tuple(mask.shape)}")
+    m.note_nodes(model.scratch_pos, write, positions)
+    slot_mask = model._slot_mask(mask.to(dev), positions)
+    return m.with_row_ends(model.code_ids[tokens], m.cache_slot(write), positions, slot_mask, eol_id, model.scratch)
+

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from harness.models.eagle_head import TargetSpec, text_model_spec
 from harness.models.emu3.condition import Emu3Prompt
 from harness.models.masks import attention_mask, hide
-from harness.models.row_ends import SlotMap
+from harness.models.row_ends import SlotMap, layout_inputs
 from harness.models.llama_layers import rotary, run_layers
 from harness.models.transformer import KVCache, rope_1d_table
 from harness.models.own_rows import OwnRows
@@ -237,20 +237,7 @@ class Emu3ImageModel(OwnRows, nn.Module):
         positions' rotation)."""
         if self.keep is None or self.offset is None or self.scratch_pos is None:
             raise RuntimeError("call setup_cache and prefill before forward")
-        m, dev = self.map, self.device
-        tokens = tokens.to(dev)
-        b, t = tokens.shape
-        positions = positions.to(dev).expand(b, -1)
-        write_h = positions + m.prefix if slots is None else slots.to(dev).expand(b, -1)
-        if mask is None:
-            mask = attention_mask(write_h, self.total)
-        elif mask.shape != (b, t, self.total):
-            raise ValueError(f"mask must have shape {(b, t, self.total)} (S = {self.cache_len} slots + "
-                             f"{self.scratch} scratch), got {tuple(mask.shape)}")
-        m.note_nodes(self.scratch_pos, write_h, positions)
-        slot_mask = self._slot_mask(mask.to(dev), positions)
-        inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write_h), positions, slot_mask,
-                                 self.eol_id, self.scratch)
+        inputs = layout_inputs(self, tokens, positions, mask, slots, self.eol_id)
         x = self.hf.model.text_model.embed_tokens(inputs.ids)
         hidden = self._run(x, (inputs.seq - self.offset[:, None]).clamp(min=0), inputs.mask, inputs.write)
         self.hidden = inputs.returned(hidden)

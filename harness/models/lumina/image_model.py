@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from harness.models.lumina.chameleon import ChameleonLM
 from harness.models.lumina.layout import HEADER, SpecialTokens, check_header, header
-from harness.models.row_ends import SlotMap
+from harness.models.row_ends import SlotMap, layout_inputs
 from harness.models.lumina.prompts import ChatCondition
 from harness.models.eagle_head import TargetSpec
 from harness.models.masks import attention_mask, hide
@@ -190,20 +190,7 @@ class LuminaImageModel(OwnRows, nn.Module):
         positions' rotation)."""
         if self.keep is None or self.scratch_pos is None:
             raise RuntimeError("call setup_cache and prefill before forward")
-        m, dev = self.map, self.device
-        tokens = tokens.to(dev)
-        b, t = tokens.shape
-        positions = positions.to(dev).expand(b, -1)
-        write = positions + m.prefix if slots is None else slots.to(dev).expand(b, -1)
-        if mask is None:
-            mask = attention_mask(write, self.total)
-        elif mask.shape != (b, t, self.total):
-            raise ValueError(f"mask must have shape {(b, t, self.total)} (S = {self.cache_len} slots + "
-                             f"{self.scratch} scratch), got {tuple(mask.shape)}")
-        m.note_nodes(self.scratch_pos, write, positions)
-        slot_mask = self._slot_mask(mask.to(dev), positions)
-        inputs = m.with_row_ends(self.code_ids[tokens], m.cache_slot(write), positions, slot_mask,
-                                 self.tokens.new_line, self.scratch)
+        inputs = layout_inputs(self, tokens, positions, mask, slots, self.tokens.new_line)
         hidden = self.lm.hidden(inputs.ids, self._rope(inputs.seq), inputs.mask, inputs.write)
         self.hidden = inputs.returned(hidden)
         return self.lm.logits(self.hidden, self.code_ids)
