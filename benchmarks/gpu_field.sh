@@ -2,8 +2,8 @@
 # The field's rows (docs/field.md) on the shapes worlds at the quality N of record, on a GPU, no
 # downloads: every row of +experiment=field that a shapes world runs (raster, SJD, SJD-PAC, SCD, GSD,
 # LANTERN++, EAGLE-2, LANTERN, ZipAR-16, MuLo-SD) beside one another. On 2 CPU cores a 1536-prompt
-# row takes 20 minutes (SJD, SCD, GSD) to 80 (SJD-PAC's 64-wide window and tree); on an
-# H100/H200-class GPU the whole script takes minutes.
+# row takes an estimated 20 minutes (SJD, SCD, GSD) to 80 (SJD-PAC's 64-wide window and tree: per-image
+# rates measured at batch 32-64, multiplied out); on an H100/H200-class GPU, minutes (not yet measured).
 #
 #     bash benchmarks/gpu_field.sh                 # OUT=results/gpu_field/<time>
 #     WORLD=x2 bash benchmarks/gpu_field.sh        # the x2 world
