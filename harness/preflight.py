@@ -355,6 +355,23 @@ def check_offline(cfg: DictConfig, evaluators: Sequence[Any]) -> None:
             "then copy the caches (HF_HOME, $MULO_BENCH_CACHE) here")
 
 
+HALF_DTYPES = ("bf16", "bfloat16", "fp16", "float16")
+
+
+def cpu_dtype_warning(model: DictConfig, device: Any) -> str | None:
+    """Why a half-precision model is slow on this device, or None.
+
+    CPUs without bf16/fp16 matrix units (AVX2 and most AVX-512 parts) emulate half-precision
+    matmuls: a bf16 forward of the real configs runs tens of times slower than fp32 there.
+    `device` is a torch.device or its name."""
+    dtype = str(model.get("dtype") or "")
+    if dtype not in HALF_DTYPES or str(getattr(device, "type", device)).split(":")[0] != "cpu":
+        return None
+    return (f"model.dtype={dtype} on the CPU: half-precision matmuls without matrix units in the CPU run "
+            f"tens of times slower than fp32 (and time the emulation, not the decoder); pass "
+            f"model.dtype=fp32 for CPU runs, or run on a GPU")
+
+
 def _plain(node: DictConfig) -> dict[str, Any]:
     """A config node without its informational `name` key, ready to instantiate."""
     from omegaconf import OmegaConf

@@ -139,6 +139,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         require_cuda(device)
     if "generate" in cfg.stages:  # scoring stored samples compiles nothing
         engine.check(str(cfg.get("engine") or "eager"), device)
+        if slow := preflight.cpu_dtype_warning(cfg.model, device):
+            log.warning("%s", slow)
     jobs_plan = preflight.check(cfg)  # incompatible decoders / evaluators, missing weights: before anything
     decoders = {n: node for n, node in _decoders(cfg).items() if n in jobs_plan.decoders}
     if not decoders:

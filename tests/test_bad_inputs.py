@@ -114,6 +114,16 @@ def test_cuda_without_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert status == EXIT_INPUT_ERROR and "device=cuda" in err and "device=cpu" in err
 
 
+@pytest.mark.parametrize("model", ["llamagen_xl_512", "tar_7b_1024", "lumina_mgpt_768", "janus_pro_7b", "emu3_gen"])
+def test_half_precision_on_a_cpu_is_warned(model: str) -> None:
+    node = compose_cfg([f"model={model}"]).model
+    warning = preflight.cpu_dtype_warning(node, torch.device("cpu"))
+    assert warning and f"model.dtype={node.dtype}" in warning and "model.dtype=fp32" in warning
+    assert preflight.cpu_dtype_warning(node, torch.device("cuda")) is None
+    assert preflight.cpu_dtype_warning(node, "cuda:1") is None
+    assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", "model.dtype=fp32"]).model, "cpu") is None
+
+
 def test_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
