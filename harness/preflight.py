@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness.api import ConfigValueError, InputError, Prompt
 from harness.assets.asset import hub_offline
 from harness.assets.fetching import WEIGHT_KEYS, repo_of
+from harness.models.hub import DTYPES
 from harness.shapes.captions import quoted
 
 log = logging.getLogger(__name__)
@@ -355,21 +357,20 @@ def check_offline(cfg: DictConfig, evaluators: Sequence[Any]) -> None:
             "then copy the caches (HF_HOME, $MULO_BENCH_CACHE) here")
 
 
-HALF_DTYPES = ("bf16", "bfloat16", "fp16", "float16")
-
-
 def cpu_dtype_warning(model: DictConfig, device: Any) -> str | None:
-    """Why a half-precision model is slow on this device, or None.
+    """Why a half-precision model may be slow on this device, or None.
 
-    CPUs without bf16/fp16 matrix units (AVX2 and most AVX-512 parts) emulate half-precision
-    matmuls: a bf16 forward of the real configs runs tens of times slower than fp32 there.
-    `device` is a torch.device or its name."""
+    CPUs without bf16/fp16 matrix units (AVX512-BF16 / AMX) emulate half-precision matmuls: a bf16
+    forward of the real configs runs tens of times slower than fp32 there. `device` is a
+    torch.device or its name; a dtype name `hub.DTYPES` does not know is left to the model loader."""
     dtype = str(model.get("dtype") or "")
-    if dtype not in HALF_DTYPES or str(getattr(device, "type", device)).split(":")[0] != "cpu":
+    if DTYPES.get(dtype) not in (torch.bfloat16, torch.float16):
         return None
-    return (f"model.dtype={dtype} on the CPU: half-precision matmuls without matrix units in the CPU run "
-            f"tens of times slower than fp32 (and time the emulation, not the decoder); pass "
-            f"model.dtype=fp32 for CPU runs, or run on a GPU")
+    if str(getattr(device, "type", device)).split(":")[0] != "cpu":
+        return None
+    return (f"model.dtype={dtype} on the CPU: a CPU without bf16/fp16 matrix units (AVX512-BF16, AMX) "
+            f"emulates half-precision matmuls tens of times slower than fp32 and the timings measure the "
+            f"emulation; pass model.dtype=fp32 for CPU runs, or run on a GPU")
 
 
 def _plain(node: DictConfig) -> dict[str, Any]:

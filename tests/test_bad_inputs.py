@@ -122,6 +122,7 @@ def test_half_precision_on_a_cpu_is_warned(model: str) -> None:
     assert preflight.cpu_dtype_warning(node, torch.device("cuda")) is None
     assert preflight.cpu_dtype_warning(node, "cuda:1") is None
     assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", "model.dtype=fp32"]).model, "cpu") is None
+    assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", "model.dtype=float16"]).model, "cpu")
 
 
 def test_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
