@@ -110,6 +110,39 @@ def test_lumina_lm_logits_equal_transformers_chameleon() -> None:
     torch.testing.assert_close(torch.cat(steps, 1), hidden_hf, atol=1e-5, rtol=1e-5)
 
 
+@torch.inference_mode()
+def test_lumina_bf16_keeps_qk_norm_and_rotary_in_float32() -> None:
+    """Under bf16 the q/k LayerNorm (with its affine) and the rotation compute in float32, as
+    Lumina-mGPT's bf16 run under autocast does; the bf16-only computation would round them."""
+    from harness.models.lumina.chameleon import rope_cos_sin, rotate
+
+    lm = _randomise(ChameleonLM(ChameleonArch(**TINY_ARCH)), 3).eval().to(torch.bfloat16)
+    att = lm.model.layers[0].self_attn
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    cos, sin = rope_cos_sin(torch.arange(5).expand(2, -1), att.head_dim, 10000.0, torch.bfloat16)
+    q, k = att.rotated_qk(x, cos, sin)
+    assert q.dtype == k.dtype == torch.float32
+
+    def reference(proj: torch.nn.Linear, norm, heads: int) -> Tensor:  # float32 from the bf16 projection
+        h = proj(x).view(2, 5, heads, att.head_dim).float()
+        h = torch.nn.functional.layer_norm(h, (att.head_dim,), eps=1e-5)
+        w = norm.weight.float().repeat_interleave(norm.per_shard, 0)
+        b = norm.bias.float().repeat_interleave(norm.per_shard, 0)
+        return rotate((h * w + b).transpose(1, 2), cos.float(), sin.float())
+
+    q_ref, k_ref = reference(att.q_proj, att.q_norm, att.heads), reference(att.k_proj, att.k_norm, att.kv_heads)
+    torch.testing.assert_close(q, q_ref, atol=0, rtol=0)
+    torch.testing.assert_close(k, k_ref, atol=0, rtol=0)
+    # the same ops in bf16 throughout round differently: the float32 path is not a no-op
+    h = att.q_proj(x).view(2, 5, att.heads, att.head_dim)
+    h = torch.nn.functional.layer_norm(h, (att.head_dim,), eps=1e-5)
+    h = h * att.q_norm.weight.repeat_interleave(att.q_norm.per_shard, 0) + att.q_norm.bias.repeat_interleave(
+        att.q_norm.per_shard, 0)
+    assert not torch.equal(rotate(h.transpose(1, 2), cos, sin).float(), q)
+    # a bf16 forward still returns bf16 hidden states (attention and MLP in the model's dtype)
+    assert lm.hidden(torch.randint(0, 299, (1, 4)), torch.arange(4)[None]).dtype == torch.bfloat16
+
+
 def test_lumina_full_size_keys_equal_transformers_chameleon() -> None:
     """The 7B LM's key names and shapes are transformers' (but the q/k norms: one affine per shard,
     as Lumina-mGPT's fork stores them, where mainline keeps one per head); the VQGAN's encoder half

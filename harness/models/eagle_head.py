@@ -204,7 +204,7 @@ class HeadAttention(nn.Module):
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)
         v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
         if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q).to(x.dtype), self.k_norm(k).to(x.dtype)  # normed in float32
         return self.o_proj(attend(q, k, v, rope, mask, write, self.kv_cache))
 
 

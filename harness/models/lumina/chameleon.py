@@ -15,6 +15,12 @@ repeated head-wise. Transformers' mainline stores one affine per head ([heads, h
 `qk_norm_shards` here (1 or `num_attention_heads`). `swin_norm` (post-norm blocks) is off for 7B
 and refused.
 
+Precision (Lumina-mGPT's inference runs bf16 weights under CUDA autocast): the query/key norm and
+the rotation compute in float32 whatever the weights' dtype, as autocast runs them there (`layer_norm`
+is one of its float32 ops; its output, times the bf16 affine and with the cos / sin tables cast to
+the model's dtype, promotes to float32); queries and keys are cast to the model's dtype for
+attention, as autocast casts them. In float32 nothing changes.
+
 Cached forwards take explicit cache slots, rotary positions and a boolean mask [B, T, S]; the
 layout of the sequence in the slots is the caller's (harness/models/lumina/image_model.py).
 """
@@ -78,8 +84,10 @@ class HeadNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(shards, head_dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.layer_norm(x, x.shape[-1:], None, None, eps=1e-5)
-        return x * self.weight.repeat_interleave(self.per_shard, 0) + self.bias.repeat_interleave(self.per_shard, 0)
+        """In float32 (the returned dtype), as Lumina-mGPT's bf16 run under autocast computes it."""
+        x = F.layer_norm(x.float(), x.shape[-1:], None, None, eps=1e-5)
+        weight, bias = self.weight.float(), self.bias.float()
+        return x * weight.repeat_interleave(self.per_shard, 0) + bias.repeat_interleave(self.per_shard, 0)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -92,7 +100,8 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, H, T, hd] rotated in the rotate-half convention: x cos + (-x2, x1) sin."""
+    """x [B, H, T, hd] rotated in the rotate-half convention: x cos + (-x2, x1) sin, in the wider of
+    x's and the tables' dtypes (float32 for the normed queries and keys)."""
     half = x.shape[-1] // 2
     turned = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos[:, None] + turned * sin[:, None]
@@ -116,10 +125,9 @@ class ChameleonAttention(nn.Module):
         """x [B, T, D]; cos, sin [B, T, hd]; mask [B, 1, T, S] bool (None: causal over T, no cache);
         slots [B, T] cache slots written (None: no cache) -> [B, T, D]."""
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        q, k = self.rotated_qk(x, cos, sin)
+        q, k = q.to(x.dtype), k.to(x.dtype)  # attention in the model's dtype (autocast's cast)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if slots is not None:
             if self.kv_cache is None:
                 raise RuntimeError("KV cache is not set up: call setup_cache first")
@@ -130,6 +138,14 @@ class ChameleonAttention(nn.Module):
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+    def rotated_qk(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, T, D] -> normed and rotated queries [B, H, T, hd] and keys [B, Hkv, T, hd], float32."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 class ChameleonMLP(nn.Module):
