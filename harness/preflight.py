@@ -362,15 +362,17 @@ def cpu_dtype_warning(model: DictConfig, device: Any) -> str | None:
 
     CPUs without bf16/fp16 matrix units (AVX512-BF16 / AMX) emulate half-precision matmuls: a bf16
     forward of the real configs runs tens of times slower than fp32 there. `device` is a
-    torch.device or its name; a dtype name `hub.DTYPES` does not know is left to the model loader."""
-    dtype = str(model.get("dtype") or "")
-    if DTYPES.get(dtype) not in (torch.bfloat16, torch.float16):
-        return None
+    torch.device or its name; a dtype name `hub.DTYPES` does not know is left to the model loader.
+    Read from `model.dtype`, then `model.llm.dtype` (Tar's LLM stage runs in bf16 beside an fp32 AR-DTok)."""
     if str(getattr(device, "type", device)).split(":")[0] != "cpu":
         return None
-    return (f"model.dtype={dtype} on the CPU: a CPU without bf16/fp16 matrix units (AVX512-BF16, AMX) "
-            f"emulates half-precision matmuls tens of times slower than fp32 and the timings measure the "
-            f"emulation; pass model.dtype=fp32 for CPU runs, or run on a GPU")
+    for key in ("dtype", "llm.dtype"):
+        dtype = str(OmegaConf.select(model, key, default=None) or "")
+        if DTYPES.get(dtype) in (torch.bfloat16, torch.float16):
+            return (f"model.{key}={dtype} on the CPU: a CPU without bf16/fp16 matrix units (AVX512-BF16, AMX) "
+                    f"emulates half-precision matmuls tens of times slower than fp32 and the timings measure the "
+                    f"emulation; pass model.{key}=fp32 for CPU runs, or run on a GPU")
+    return None
 
 
 def _plain(node: DictConfig) -> dict[str, Any]:

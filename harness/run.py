@@ -22,6 +22,8 @@ from harness.api import SETTING_COLUMN, ConfigValueError, Evaluator, InputError,
 from harness.checks import build as _build
 from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
 from harness.comparisons import decoder_setting, warn_noisy_timing, with_comparisons
+from harness.model_setting import joined, model_setting
+from harness.published import check_published_protocol
 from harness.datasets.prompts import select
 from harness.generate import Job, generate_all
 from harness.models.guidance import Guided
@@ -131,6 +133,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     mirror.use(OmegaConf.select(cfg, "assets.mirror"))  # downloads read through it, here and in subprocesses
     trust_targets_of(cfg)
     check_config(cfg)
+    check_published_protocol(cfg)
     _writable(out_dir, "results directory (hydra.run.dir)")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -207,7 +210,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             sample_set.require_complete(full_plan)  # every shard's samples, not only this job's
             sample_set.consolidate()
             frames += _evaluate(cfg, name, sample_set.view(full_plan), evaluators, out_dir, verdicts,
-                                failures, setting=decoder_setting(cfg, name, bound[name]))
+                                failures, setting=joined(decoder_setting(cfg, name, bound[name]),
+                                                         model_setting(cfg)))
             _write_summary(out_dir, frames, verdicts)
     table = _write_summary(out_dir, frames, verdicts)
     extra.update(sample_sets=bound, summary_rows=len(table))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 import torch
 
 import harness.__main__ as cli_main
@@ -114,15 +115,18 @@ def test_cuda_without_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert status == EXIT_INPUT_ERROR and "device=cuda" in err and "device=cpu" in err
 
 
-@pytest.mark.parametrize("model", ["llamagen_xl_512", "tar_7b_1024", "lumina_mgpt_768", "janus_pro_7b", "emu3_gen"])
-def test_half_precision_on_a_cpu_is_warned(model: str) -> None:
+@pytest.mark.parametrize(("model", "key"), [("llamagen_xl_512", "dtype"), ("tar_7b_1024", "llm.dtype"),
+                                          ("lumina_mgpt_768", "dtype"), ("janus_pro_7b", "dtype"), ("emu3_gen", "dtype")])
+def test_half_precision_on_a_cpu_is_warned(model: str, key: str) -> None:
+    """Tar's AR-DTok runs in fp32 as its eval scripts, its LLM in bf16: the LLM's key is named."""
     node = compose_cfg([f"model={model}"]).model
     warning = preflight.cpu_dtype_warning(node, torch.device("cpu"))
-    assert warning and f"model.dtype={node.dtype}" in warning and "model.dtype=fp32" in warning
+    value = OmegaConf.select(node, key)
+    assert warning and f"model.{key}={value}" in warning and f"model.{key}=fp32" in warning
     assert preflight.cpu_dtype_warning(node, torch.device("cuda")) is None
     assert preflight.cpu_dtype_warning(node, "cuda:1") is None
-    assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", "model.dtype=fp32"]).model, "cpu") is None
-    assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", "model.dtype=float16"]).model, "cpu")
+    assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", f"model.{key}=fp32"]).model, "cpu") is None
+    assert preflight.cpu_dtype_warning(compose_cfg([f"model={model}", f"model.{key}=float16"]).model, "cpu")
 
 
 def test_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

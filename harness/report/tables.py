@@ -19,7 +19,9 @@ Tables: main, ablation_upsampling, ablation_pooling, ablation_local, ablation_pa
 mulo_at_lantern_geneval (MuLo-SD at LANTERN's GenEval, from the matched_quality sweeps:
 harness.report.matched), field_coco and field_parti (experiment field: the field's methods, their
 published numbers as rows of their own beside the harness's; docs/field.md) (see
-harness.report.specs), and a generic table for any other experiment in the store.
+harness.report.specs), calibration (experiment calibration: each backbone's raster row beside its own
+published number, within a stated tolerance or not; harness.report.calibration), and a generic table
+for any other experiment in the store.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import pandas as pd
 
 from harness.store import summary
 from harness.report import html as report
+from harness.report import calibration
 from harness.report.paper_reference import load_facts
 from harness.report.build import Table, build_table
 from harness.report.cells import with_derived_speedup
@@ -66,14 +69,15 @@ def choose_tables(frame: pd.DataFrame, requested: Sequence[str] | None) -> list[
     """
     present = list(dict.fromkeys(frame["experiment"].dropna().astype(str))) if "experiment" in frame else []
     if requested:
-        unknown = [n for n in requested if n not in TABLES and n not in present]
+        unknown = [n for n in requested if n not in TABLES and n not in present and n != calibration.TABLE]
         if unknown:
             raise ValueError(f"unknown tables {unknown}; paper tables: {tables_help()}; "
                              f"experiments in the results: {present}")
         return list(dict.fromkeys(requested))
-    covered = {e for spec in TABLES.values() for e in spec.experiments}
+    covered = {e for spec in TABLES.values() for e in spec.experiments} | {calibration.EXPERIMENT}
     paper = [n for n, spec in TABLES.items() if n == "main" or set(spec.experiments) & set(present)]
-    return paper + [e for e in present if e not in covered]
+    own = [calibration.TABLE] if calibration.EXPERIMENT in present else []
+    return paper + own + [e for e in present if e not in covered]
 
 
 def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] | None = None,
@@ -83,7 +87,11 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
     frame = with_matched_quality(with_derived_speedup(summary.load(dirs)))
     facts = load_facts()
     done = Regenerated()
+    markdown = []
     for name in choose_tables(frame, requested):
+        if name == calibration.TABLE:  # its own layout: one line per (model, metric) with a verdict
+            markdown.append(write_calibration(frame, out / "tables", done))
+            continue
         table = build_table(frame, spec_for(name), facts, paper_rows=paper_rows)
         if table.is_empty() and not ((table.with_paper or table.spec.published_rows) and paper_rows):
             # a paper table shows the paper's rows, a field table the published ones
@@ -92,7 +100,8 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
             continue
         done.tables.append(table)
         done.table_files += write_table(table, out / "tables")
-    done.markdown = "\n".join(to_markdown(t) for t in done.tables)
+        markdown.append(to_markdown(table))
+    done.markdown = "\n".join(markdown)
     combined = out / "tables" / "tables.md"
     combined.parent.mkdir(parents=True, exist_ok=True)  # also when every table was skipped
     write_atomic(combined, done.markdown.encode("utf-8"))
@@ -112,6 +121,20 @@ def write_table(table: Table, folder: Path) -> list[Path]:
         paths.append(path)
     log.info("table %s: %d rows from %d runs -> %s", table.spec.name, len(table.rows), len(table.runs), folder)
     return paths
+
+
+def write_calibration(frame: pd.DataFrame, folder: Path, done: Regenerated) -> str:
+    """Write the calibration table (harness.report.calibration) as calibration.md and .csv into
+    `folder`, add the files to `done`, and return its Markdown."""
+    lines = calibration.build(frame, calibration.load_published())
+    text = calibration.to_markdown(lines)
+    folder.mkdir(parents=True, exist_ok=True)
+    for suffix, body in ((".md", text), (".csv", calibration.to_csv(lines))):
+        path = folder / f"{calibration.TABLE}{suffix}"
+        write_atomic(path, body.encode("utf-8"))
+        done.table_files.append(path)
+    log.info("table %s: %d lines -> %s", calibration.TABLE, len(lines), folder)
+    return text
 
 
 def write_reports(frame: pd.DataFrame, facts: pd.DataFrame, done: Regenerated, out: Path,
