@@ -41,7 +41,7 @@ class ChatPromptTokenizer:
         try:
             from transformers import Emu3Processor
         except ImportError as err:
-            raise ImportError("Emu3 needs transformers >= 4.47: pip install -U transformers") from err
+            raise ImportError("Emu3 needs transformers >= 4.56: pip install -U 'transformers>=4.56'") from err
         folder = snapshot(repo_id, local_path, cache_dir, self.FILES)
         try:
             self.processor = Emu3Processor.from_pretrained(folder)
