@@ -34,13 +34,18 @@ def bundle() -> ModelBundle:
     return _tiny()
 
 
-def _reference(bundle: ModelBundle, prompt: str, scale: float) -> list[int]:
+def _reference(bundle: ModelBundle, prompt: str, scale: float, baai: bool = False) -> list[int]:
     """transformers' own image generation of one prompt (greedy, CFG `scale` against the config's
-    negative prompt), constrained as transformers' Emu3 documentation constrains it; the codes."""
+    negative prompt), constrained as transformers' Emu3 documentation constrains it; the codes.
+    `baai`: the context of BAAI's image_generation.py (the quality suffix after the prompt, the
+    negative prompt followed by the header, both given to the same `generate`)."""
     hf, tok = bundle.target.hf, bundle.conditioner.tokenizer
     rows, cols = bundle.target.grid
-    ids = torch.tensor([tok.text([prompt])[0] + tok.header((rows, cols))])
+    suffix = bundle.conditioner.suffix if baai else ""
+    ids = torch.tensor([tok.text([prompt + suffix])[0] + tok.header((rows, cols))])
     neg = bundle.conditioner.negative[bundle.conditioner.negative_keep][None]
+    if baai:
+        neg = torch.cat([neg, torch.tensor([tok.header((rows, cols))])], 1)
     visual = hf.vocabulary_mapping.image_tokens
 
     def allowed(batch_id: int, input_ids: torch.Tensor) -> list[int]:
@@ -72,6 +77,47 @@ def test_emu3_greedy_raster_equals_transformers_generate(bundle: ModelBundle, sc
     for row, prompt in zip(ours.tolist(), PROMPTS):
         assert row == _reference(bundle, prompt, scale), prompt
     assert len({tuple(r) for r in ours.tolist()}) == 3 and len(set(ours.flatten().tolist())) > 16  # not one code
+
+
+def test_emu3_baai_context_equals_generate_with_baai_inputs(bundle: ModelBundle) -> None:
+    """cfg_context=baai: the prompts carry the quality suffix and the unconditional rows the header
+    after the negative prompt, as BAAI's image_generation.py builds both; greedy raster equals
+    transformers' generate given those inputs, and differs from the transformers context."""
+    baai = _tiny(["model.cfg_context=baai"])
+    assert baai.conditioner.suffix == " masterpiece best" and bundle.conditioner.suffix == ""
+    models = guided(baai, GREEDY)
+    ours = RasterDecoder(GREEDY).generate(models, models.condition(PROMPTS), [0, 1, 2]).tokens
+    for row, prompt in zip(ours.tolist(), PROMPTS):
+        assert row == _reference(baai, prompt, 3.0, baai=True), prompt
+    plain = guided(bundle, GREEDY)
+    other = RasterDecoder(GREEDY).generate(plain, plain.condition(PROMPTS), [0, 1, 2]).tokens
+    assert not torch.equal(ours, other)
+    cond = baai.condition(PROMPTS[:1]).with_null()
+    ids, keep = cond.rows((8, 8))
+    header = list(cond.header((8, 8)))
+    assert ids[1][keep[1]].tolist() == baai.conditioner.tokenizer.text(["lowres blurry"])[0] + header
+    with pytest.raises(Exception, match="model.cfg_context='hf'"):
+        _tiny(["model.cfg_context=hf"])
+
+
+def test_emu3_gen_defaults_to_baai_context() -> None:
+    node = compose_cfg(["model=emu3_gen"]).model
+    assert node.cfg_context == "baai" and node.positive_prompt == " masterpiece, film grained, best quality."
+
+
+@pytest.mark.parametrize("name", ["preprocessor_config.json", "processor_config.json"])
+def test_emu3_reads_either_processor_file(tmp_path: Path, name: str) -> None:
+    """The hub repo's preprocessor_config.json, or a transformers-5 folder's processor_config.json
+    (the image processor nested under image_processor)."""
+    from harness.models.emu3.bundle import pixel_norm
+
+    norm = {"image_mean": [0.25, 0.5, 0.75], "image_std": [0.5, 0.5, 0.25]}
+    body = norm if name == "preprocessor_config.json" else {"image_processor": norm, "processor_class": "Emu3Processor"}
+    (tmp_path / name).write_text(__import__("json").dumps(body))
+    assert pixel_norm(str(tmp_path)) == ((0.25, 0.5, 0.75), (0.5, 0.5, 0.25))
+    (tmp_path / name).unlink()
+    with pytest.raises(WeightsError, match="neither preprocessor_config.json nor processor_config.json"):
+        pixel_norm(str(tmp_path))
 
 
 def test_emu3_drafter_is_the_same_model_at_half_the_grid(bundle: ModelBundle) -> None:

@@ -61,16 +61,22 @@ def load_emu3(repo_id: str | None, local_path: str | None, cache_dir: str | None
 
 
 def pixel_norm(folder: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(image_mean, image_std) of the repo's image processor (preprocessor_config.json), which its
-    postprocess inverts to turn decoded pixels into uint8."""
-    file = Path(folder) / "preprocessor_config.json"
-    if not file.is_file():
-        raise WeightsError(f"{file} is missing: the Emu3 image processor's normalisation is read from it")
-    cfg = json.loads(file.read_text())
-    try:
-        return tuple(map(float, cfg["image_mean"])), tuple(map(float, cfg["image_std"]))
-    except (KeyError, TypeError) as err:
-        raise WeightsError(f"{file} lacks image_mean / image_std lists: {err}") from err
+    """(image_mean, image_std) of the repo's image processor, which its postprocess inverts to turn
+    decoded pixels into uint8: from `preprocessor_config.json` (the hub repo's file), or from the
+    `image_processor` entry of `processor_config.json` (a folder saved by transformers 5, which writes
+    the processor's parts into that one file)."""
+    for name, entry in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+        file = Path(folder) / name
+        if not file.is_file():
+            continue
+        cfg = json.loads(file.read_text())
+        cfg = cfg.get(entry, cfg) if entry else cfg
+        try:
+            return tuple(map(float, cfg["image_mean"])), tuple(map(float, cfg["image_std"]))
+        except (KeyError, TypeError) as err:
+            raise WeightsError(f"{file} lacks the image processor's image_mean / image_std lists: {err}") from err
+    raise WeightsError(f"{folder} holds neither preprocessor_config.json nor processor_config.json: the Emu3 "
+                       "image processor's normalisation is read from one of them")
 
 
 def grid_of(size: int, spatial: int, key: str) -> tuple[int, int]:
@@ -84,12 +90,15 @@ def grid_of(size: int, spatial: int, key: str) -> tuple[int, int]:
 def build(name: str = "emu3", tokenizer: PromptTokenizer | None = None, repo_id: str | None = None,
           local_dir: str | None = None, cache_dir: str | None = None, target_size: int = 720,
           drafter: bool = False, drafter_size: int | None = None, prompt_slots: int = 256,
-          negative_prompt: str = "", codebook_size: int = 32768, dtype: str = "bf16", device: str | None = None,
+          negative_prompt: str = "", cfg_context: str = "transformers", positive_prompt: str = "",
+          codebook_size: int = 32768, dtype: str = "bf16", device: str | None = None,
           random_init: bool = False, arch: dict[str, Any] | None = None, seed: int = 0,
           eagle_head_file: str | None = None, eagle_head_config: str | None = None,
           eagle_head_repo: str | None = None) -> ModelBundle:
     """The target at `target_size` px, with `drafter` the same weights at `drafter_size` px (MuLo-SD),
-    and the conditioner (`tokenizer`, `negative_prompt` for CFG). `random_init`: a tiny random model
+    and the conditioner (`tokenizer`, `negative_prompt` for CFG in the context `cfg_context`: "baai", each
+    prompt followed by `positive_prompt` and the negative prompt given the image header, as BAAI's
+    image_generation.py; or "transformers", as its documentation). `random_init`: a tiny random model
     built in code (harness/models/emu3/tiny.py, `arch` sizing it). `eagle_head_file`: the target's
     EAGLE head (harness/models/eagle_head.build_head: a head trained by python -m
     baselines.training.train_eagle, or with `eagle_head_config` LANTERN's release; a path or a file of
@@ -119,7 +128,7 @@ def build(name: str = "emu3", tokenizer: PromptTokenizer | None = None, repo_id:
             raise ConfigValueError(f"model.drafter_size={drafter_size} must divide model.target_size={target_size} "
                                    "(a whole grid ratio r >= 2 for MuLo-SD)")
         grids.append(low)
-    conditioner = Emu3Conditioner(tokenizer, int(prompt_slots), negative_prompt, grids)
+    conditioner = Emu3Conditioner(tokenizer, int(prompt_slots), negative_prompt, grids, cfg_context, positive_prompt)
     models = [Emu3ImageModel(hf, g, int(prompt_slots), conditioner.header_len(g), *norm) for g in grids]
     target = models[0]
     if eagle_head_file:  # a path, or a file of eagle_head_repo (local_dir holds other files here)

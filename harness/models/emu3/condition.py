@@ -3,8 +3,10 @@ bundle's grids, and the negative prompt that transformers' Emu3 image generation
 
 The image header names the token grid (`<|image start|>{rows}*{cols}<|image token|>`), so the target
 and a drafter at another resolution read different prefixes: the condition holds the header of each
-grid and each model appends its own (`rows`). A CFG unconditional row is the negative prompt alone,
-without a header, as transformers' `generate(..., negative_prompt_ids=...)` runs it
+grid and each model appends its own (`rows`). A CFG unconditional row is the negative prompt: with
+`negative_header` (BAAI's image_generation.py, `cfg_context: baai`) followed by the same header, as
+BAAI's processor builds it; without (`cfg_context: transformers`) the negative prompt alone, as
+transformers' documented `generate(..., negative_prompt_ids=...)` runs it
 (`UnbatchedClassifierFreeGuidanceLogitsProcessor`: the negative prompt's ids, then the generated
 tokens).
 """
@@ -20,7 +22,8 @@ from torch import Tensor
 class Emu3Prompt:
     """ids [B, P] int64 left-padded with `pad_id`; keep [B, P] bool (True = a real token); null [B]
     bool (rows holding the negative prompt); negative [P], negative_keep [P]: the negative prompt
-    left-padded; headers: (grid, header ids) of every grid of the bundle."""
+    left-padded; headers: (grid, header ids) of every grid of the bundle; negative_header: the
+    negative rows end with the header too (BAAI's CFG context)."""
 
     ids: Tensor
     keep: Tensor
@@ -29,6 +32,7 @@ class Emu3Prompt:
     negative_keep: Tensor
     pad_id: int
     headers: tuple[tuple[tuple[int, int], tuple[int, ...]], ...]
+    negative_header: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -40,16 +44,16 @@ class Emu3Prompt:
         return Emu3Prompt(torch.cat([self.ids, self.negative.expand(b, -1)]),
                           torch.cat([self.keep, self.negative_keep.expand(b, -1)]),
                           torch.cat([self.null, torch.ones_like(self.null)]), self.negative, self.negative_keep,
-                          self.pad_id, self.headers)
+                          self.pad_id, self.headers, self.negative_header)
 
     def select(self, index: Tensor) -> "Emu3Prompt":
         index = index.to(self.ids.device)
         return Emu3Prompt(self.ids[index], self.keep[index], self.null[index], self.negative, self.negative_keep,
-                          self.pad_id, self.headers)
+                          self.pad_id, self.headers, self.negative_header)
 
     def to(self, device: torch.device | str) -> "Emu3Prompt":
         return Emu3Prompt(self.ids.to(device), self.keep.to(device), self.null.to(device), self.negative.to(device),
-                          self.negative_keep.to(device), self.pad_id, self.headers)
+                          self.negative_keep.to(device), self.pad_id, self.headers, self.negative_header)
 
     def header(self, grid: tuple[int, int]) -> tuple[int, ...]:
         """The header ids of a `grid` (rows, cols) image."""
@@ -60,12 +64,13 @@ class Emu3Prompt:
 
     def rows(self, grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """(ids [B, P + H], keep [B, P + H]) of a `grid` image's prefix: a prompt row gets the H
-        header ids after its text, a negative row H more padding slots before it (still left-padded)."""
+        header ids after its text; a negative row too with `negative_header`, else H more padding
+        slots before it (still left-padded)."""
         head = torch.tensor(self.header(grid), dtype=self.ids.dtype, device=self.ids.device)
         b, h = self.batch_size, head.numel()
         pads = torch.full((b, h), self.pad_id, dtype=self.ids.dtype, device=self.ids.device)
         heads = head.expand(b, -1)
-        null = self.null[:, None]
+        null = self.null[:, None] & (not self.negative_header)
         ids = torch.where(null, torch.cat([pads, self.ids], 1), torch.cat([self.ids, heads], 1))
         on, off = torch.ones_like(pads, dtype=torch.bool), torch.zeros_like(pads, dtype=torch.bool)
         keep = torch.where(null, torch.cat([off, self.keep], 1), torch.cat([self.keep, on], 1))

@@ -2,9 +2,11 @@
 
 Layout of transformers' Emu3 image generation (`Emu3Processor(text=..., return_for_image_generation
 =True)`): BOS, the prompt's text, then the image header `<|image start|>{rows}*{cols}<|image token|>`
-with the token grid's size (rows = height / 8). The negative prompt is the processor's plain text
-ids (BOS + text, no header), as transformers' documentation passes it to `generate` as
-`negative_prompt_ids`. `ChatPromptTokenizer` reads a Hugging Face-format Emu3 repo's processor;
+with the token grid's size (rows = height / 8). The CFG context (`cfg_context`) follows BAAI's
+image_generation.py (`baai`: every prompt gets the quality suffix `positive_prompt` appended, and the
+negative prompt is built like a prompt, header included) or transformers' documentation (`transformers`:
+the prompt as given, the negative prompt's plain text ids, BOS + text, no header, passed to `generate`
+as `negative_prompt_ids`). `ChatPromptTokenizer` reads a Hugging Face-format Emu3 repo's processor;
 `TinyPromptTokenizer` is the tiny random stack's stand-in (words hashed into its small vocabulary,
 digits and `*` as single tokens, the same header layout). `Emu3Conditioner` left-pads.
 """
@@ -17,6 +19,7 @@ import torch
 
 from harness.models.emu3 import tiny
 from harness.models.emu3.condition import Emu3Prompt, left_padded
+from harness.api import ConfigValueError
 from harness.models.hub import WeightsError, snapshot
 
 
@@ -92,12 +95,22 @@ class TinyPromptTokenizer:
         return [tiny.BOI, *digits[0], tiny.STAR, *digits[1], tiny.WRAPPER]
 
 
+CFG_CONTEXTS = ("baai", "transformers")
+
+
 class Emu3Conditioner:
     """prompts -> Emu3Prompt: text ids left-padded to `prompt_slots`, the negative prompt's ids,
-    and the header of each of `grids` (the bundle's models)."""
+    and the header of each of `grids` (the bundle's models). `cfg_context`: "baai" (each prompt
+    followed by `positive_prompt`, the negative rows ending with the header) or "transformers"."""
 
     def __init__(self, tokenizer: PromptTokenizer, prompt_slots: int, negative_prompt: str,
-                 grids: Sequence[tuple[int, int]]) -> None:
+                 grids: Sequence[tuple[int, int]], cfg_context: str = "transformers",
+                 positive_prompt: str = "") -> None:
+        if cfg_context not in CFG_CONTEXTS:
+            raise ConfigValueError(f"model.cfg_context={cfg_context!r}: use one of {list(CFG_CONTEXTS)} (baai: "
+                                   "BAAI's image_generation.py, transformers: transformers' Emu3 documentation)")
+        self.cfg_context = cfg_context
+        self.suffix = positive_prompt if cfg_context == "baai" else ""
         self.tokenizer, self.prompt_slots = tokenizer, int(prompt_slots)
         self.headers = tuple((tuple(g), tuple(tokenizer.header(tuple(g)))) for g in grids)
         neg, neg_keep = left_padded(tokenizer.text([negative_prompt]), self.prompt_slots, tokenizer.pad_id,
@@ -108,7 +121,9 @@ class Emu3Conditioner:
         return len(dict(self.headers)[tuple(grid)])
 
     def __call__(self, prompts: Sequence[str]) -> Emu3Prompt:
-        ids, keep = left_padded(self.tokenizer.text(prompts), self.prompt_slots, self.tokenizer.pad_id,
+        texts = [p + self.suffix for p in prompts]
+        ids, keep = left_padded(self.tokenizer.text(texts), self.prompt_slots, self.tokenizer.pad_id,
                                 "model.prompt_slots")
         null = torch.zeros(len(prompts), dtype=torch.bool)
-        return Emu3Prompt(ids, keep, null, self.negative, self.negative_keep, self.tokenizer.pad_id, self.headers)
+        return Emu3Prompt(ids, keep, null, self.negative, self.negative_keep, self.tokenizer.pad_id, self.headers,
+                          negative_header=self.cfg_context == "baai")
