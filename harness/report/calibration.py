@@ -8,7 +8,9 @@ published cell empty and no verdict. Nothing is filled in.
 
 Tolerances (TOLERANCES; the rule and its reason are printed under the table):
 
-- GenEval, DPG-Bench: 2·√2·SE + r. SE is the harness row's standard error over images (summary.csv);
+- GenEval, DPG-Bench: 2·√2·SE + r. SE is the harness row's standard error over images (summary.csv;
+  GenEval's overall row has none, so SE = √(Σ_t p_t (1 − p_t) / n_t) / T over its T tag rows, the
+  binomial error of the mean of per-tag accuracies);
   the published run drew its own images under the same protocol and count, and reports no error, so
   its error is taken equal to ours: √2·SE is the standard error of the difference of two independent
   runs and 2·√2·SE its two-sided 95% bound. r is half the last printed digit of the published number
@@ -141,6 +143,7 @@ def build(frame: pd.DataFrame, facts: pd.DataFrame) -> list[Line]:
     the facts do not cover. Of several runs of one (model, metric), the last run directory wins."""
     rows = frame[(frame.get("experiment") == EXPERIMENT) & (frame.get("decoder") == "raster")] \
         if {"experiment", "decoder"} <= set(frame.columns) else frame.iloc[:0]
+    tags = rows[(rows["metric"] == "geneval") & (rows["subset"].astype(str) != "all")] if not rows.empty else rows
     rows = rows[rows["metric"].isin(list(TOLERANCES)) & (rows["subset"].astype(str) == "all")] \
         if not rows.empty else rows
     rows = rows.sort_values("run_dir", kind="stable") if not rows.empty else rows
@@ -153,12 +156,15 @@ def build(frame: pd.DataFrame, facts: pd.DataFrame) -> list[Line]:
         found = rows[(rows["model"] == model) & (rows["metric"] == metric)] if not rows.empty else rows
         last = found.iloc[-1] if not found.empty else None
         scale = TOLERANCES[metric].scale
+        stderr = None if last is None else _number(last.get("stderr"), scale)
+        if last is not None and stderr is None and metric == "geneval":
+            stderr = _tag_stderr(tags[(tags["run_dir"] == last["run_dir"]) & (tags["model"] == model)], scale)
         lines.append(Line(
             model=model, label=labels.get(model, model), metric=metric,
             published=float(fact["value"].iloc[0]) if not fact.empty else None,
             source=str(fact["source"].iloc[0]) if not fact.empty else None,
             harness=None if last is None else _number(last["value"], scale),
-            stderr=None if last is None else _number(last.get("stderr"), scale),
+            stderr=stderr,
             n=None if last is None or _number(last.get("n"), 1.0) is None else int(last["n"]),
             run_dir=None if last is None else str(last["run_dir"]),
             setting=None if last is None else _text(last.get("setting"))))
@@ -215,6 +221,15 @@ def to_csv(lines: list[Line]) -> str:
                 "tolerance_rule": l.tolerance.rule, "within": l.within, "setting": l.setting,
                 "run_dir": l.run_dir, "source": l.source} for l in lines]
     return pd.DataFrame(records).to_csv(index=False, lineterminator="\n")
+
+
+def _tag_stderr(tags: pd.DataFrame, scale: float) -> float | None:
+    """GenEval overall's standard error from its tag rows (accuracy p_t over n_t images):
+    √(Σ_t p_t (1 − p_t) / n_t) / T, in the shown unit; None without tag rows."""
+    if tags.empty:
+        return None
+    p, n = tags["value"].astype(float), tags["n"].astype(float)
+    return math.sqrt(float((p * (1 - p) / n).sum())) / len(tags) * scale
 
 
 def _number(value: object, scale: float) -> float | None:
