@@ -42,7 +42,8 @@ class InputError(Exception):
 # what a SampleSet is bound to (no image depends on them): `requires`, `provides`, `lacks`,
 # `needs_metadata` (read by harness/preflight.py), `paper_setting` (a decoder's paper values of the
 # keys a world may move), `operating_points` (a model's settings of decoders on its world, read by
-# the decoders' configs), `paper_precision` (a model's published precision keys, harness/model_setting.py).
+# the decoders' configs), `paper_precision` (a model's published precision keys:
+# harness/comparisons.model_setting).
 INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points",
              "paper_precision")
 

@@ -61,6 +61,7 @@ def check_config(cfg: DictConfig) -> None:
             checked_number(key, cfg.get(key), integer=True, low=1)
     checked_number("dataset_start", cfg.get("dataset_start") or 0, integer=True, low=0)
     timing_of(cfg)
+    check_published_protocol(cfg)
     if cfg.get("engine", "eager") not in engine.ENGINES:
         raise ConfigValueError(f"engine must be one of {engine.ENGINES}, got {cfg.get('engine')!r}")
     if not isinstance(cfg.device, str):
@@ -88,6 +89,22 @@ def check_config(cfg: DictConfig) -> None:
             f"samples_dir {samples_dir} is itself a SampleSet (it holds {' and '.join(inside)}); "
             "samples_dir names the folder of per-decoder SampleSets, so pass its parent: "
             f"samples_dir={Path(samples_dir).parent}")
+
+
+def check_published_protocol(cfg: DictConfig) -> None:
+    """Raise ConfigValueError when `cfg.model.name` is listed in `cfg.published_protocols` and
+    `cfg.protocol_name` is not one of its protocols; nothing for unlisted models or experiments
+    without the key."""
+    table = cfg.get("published_protocols")
+    model = str(cfg.model.get("name", ""))
+    if not table or model not in table:
+        return
+    allowed = [str(p) for p in table[model]]
+    protocol = str(cfg.get("protocol_name") or "")
+    if protocol not in allowed:
+        raise ConfigValueError(
+            f"experiment {cfg.get('name')}: model {model}'s published numbers were measured under "
+            f"protocol {' or '.join(allowed)}, not {protocol or 'none'}; pass protocol={allowed[0]}")
 
 
 def _check_device_name(name: str) -> None:

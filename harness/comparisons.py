@@ -212,6 +212,29 @@ def decoder_setting(cfg: DictConfig, decoder: str, bound: dict[str, Any] | None 
     return ", ".join(f"{swept_label(key)}={_plain(now)}" for key, _, now in pairs)
 
 
+def model_setting(cfg: DictConfig) -> str | None:
+    """The model's setting where it runs otherwise than its published protocol: "key=value" of every
+    `model.paper_precision` key (e.g. Tar: AR-DTok and TA-Tok in fp32, the LLM in bf16, as its eval
+    scripts) whose value in `model` differs, joined by ", " (e.g. "dtype=bf16"); None where all match or
+    the model declares no published precision."""
+    model = cfg.get("model")
+    paper = model.get("paper_precision") if model is not None else None
+    if not paper:
+        return None
+    changed = []
+    for key, value in OmegaConf.to_container(paper, resolve=True).items():
+        now = OmegaConf.select(model, str(key))
+        if str(now) != str(value):
+            changed.append(f"{key}={now}")
+    return ", ".join(changed) or None
+
+
+def joined(*settings: str | None) -> str | None:
+    """The non-empty settings joined by ", " (None if none)."""
+    parts = [s for s in settings if s]
+    return ", ".join(parts) or None
+
+
 def _value_at(node: dict[str, Any], key: str) -> Any:
     """The value at dotted `key` of a decoder node; one its binding predates reads as the default of
     its parent node's `_target_`."""

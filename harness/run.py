@@ -21,9 +21,7 @@ from harness.assets import mirror
 from harness.api import SETTING_COLUMN, ConfigValueError, Evaluator, InputError, ModelBundle, SamplingParams
 from harness.checks import build as _build
 from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
-from harness.comparisons import decoder_setting, warn_noisy_timing, with_comparisons
-from harness.model_setting import joined, model_setting
-from harness.published import check_published_protocol
+from harness.comparisons import decoder_setting, joined, model_setting, warn_noisy_timing, with_comparisons
 from harness.datasets.prompts import select
 from harness.generate import Job, generate_all
 from harness.models.guidance import Guided
@@ -133,7 +131,6 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     mirror.use(OmegaConf.select(cfg, "assets.mirror"))  # downloads read through it, here and in subprocesses
     trust_targets_of(cfg)
     check_config(cfg)
-    check_published_protocol(cfg)
     _writable(out_dir, "results directory (hydra.run.dir)")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))

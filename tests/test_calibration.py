@@ -15,8 +15,8 @@ import pytest
 
 from harness import preflight
 from harness.api import ConfigValueError
-from harness.model_setting import model_setting
-from harness.published import check_published_protocol
+from harness.checks import check_published_protocol
+from harness.comparisons import model_setting
 from harness.report import calibration
 from harness.report.tables import main as tables_main
 from tests.conftest import CONF, ROOT, compose_cfg
