@@ -20,7 +20,8 @@ A repetition runs condition -> decode -> tokens to pixels; the decode is the lat
 evaluator reports. Conditions come through the job's condition cache (harness/store/conditions.py):
 Tar's LLM and LlamaGen's text encoder run once per (prompt, image seed) or per prompt, whichever
 decoder, repetition or shard meets the image first, and `condition_s` is what computing the batch's
-conditions cost when they were computed, the same for every decoder.
+conditions cost when they were computed, the same for every decoder. When the timing batch is
+smaller than `batch_size`, the timed images' entries are computed first, `batch_size` per call.
 
 `Stopwatch` synchronises the device around each part and records wall time, the CPU time of the
 decoding thread (CPU devices: a thread that other processes keep off the CPU shows wall time without
@@ -301,6 +302,21 @@ def _measured(job: Job, batch: list[SampleSpec], watch: Stopwatch, conditions: C
     return pixels, gen, warm, max(seconds - warm, 0.0)
 
 
+def _prefetch(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]], conditions: ConditionCache,
+              size: int) -> None:
+    """Compute the condition entries of the timed images ahead, `size` entries per stage call
+    (ConditionCache.prefetch), so a timing batch smaller than batch_size does not make the stage
+    (Tar's LLM) run one image at a time; each entry keeps its share of its call as its cost."""
+    for job in jobs:
+        specs = [s for b in timed[job.name] for s in b]
+        before = conditions.ledger.copy()
+        made = conditions.prefetch(job.models.conditioner, [s.prompt.text for s in specs], [s.seed for s in specs],
+                                   size)
+        if made:
+            log.info("computed %d condition entries of the timed images ahead in %d call(s), %.1f s",
+                     made, conditions.ledger.calls - before.calls, conditions.ledger.computed_s - before.computed_s)
+
+
 def _to_condition(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
                   untimed: dict[str, list[list[SampleSpec]]], conditions: ConditionCache) -> tuple[int, int]:
     """The condition entries the job has to compute (neither in memory nor on disk), at the timing
@@ -349,6 +365,8 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
     if steps:
         log.info("timing %d batches of %d image(s) per decoder, %d repetition(s) each, order %s",
                  max(len(b) for b in timed.values()), timed_size, timing.reps, timing.order)
+    if timed_size < batch_size:  # a prompt's images share one stage call, not one each at the timing batch
+        _prefetch(jobs, timed, conditions, batch_size)
     probed: set[str] = set()  # decoders whose first untimed batch was decoded with the warm-up
     if warmup_batches > 0:
         _warm_up(jobs, timed, untimed, probed, watch, conditions, run_token, made, warmup_batches=warmup_batches,

@@ -182,6 +182,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
         engine.reserve(bundle, built.values(), max(int(cfg.batch_size), int(timing.batch_size or 0)))
         bundle.name = str(cfg.model.get("name", bundle.name))
+        generation = getattr(getattr(bundle.conditioner, "stage", None), "generation", None)
+        if generation is not None:  # the LLM's effective generation config (Tar), in run.json
+            extra["llm_generation"] = generation
         jobs = []
         for name, decoder in built.items():  # every set bound before anything is generated
             sample_sets[name].bind(sample_binding(cfg, name, weights, device),
@@ -190,7 +193,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
         model_config = OmegaConf.to_container(cfg.model, resolve=True)
-        conditions = ConditionCache(samples_root / CONDITIONS_DIR, model=bundle.name,
+        conditions_root = Path(cfg.conditions_dir) if cfg.get("conditions_dir") else samples_root / CONDITIONS_DIR
+        conditions = ConditionCache(conditions_root, model=bundle.name,
                                     config=model_config if isinstance(model_config, dict) else None, device=device)
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
                      timing=timing, device=device, conditions=conditions)
