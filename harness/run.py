@@ -7,6 +7,7 @@ job adds the rows that compare decoders with raster (harness/comparisons.py) and
 decoders whose `timing_noise` exceeds `timing.noise_threshold`."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from pathlib import Path
@@ -23,7 +24,7 @@ from harness.checks import build as _build
 from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
 from harness.comparisons import decoder_setting, warn_noisy_timing, with_comparisons
 from harness.datasets.prompts import select
-from harness.generate import Job, generate_all
+from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
 from harness.runtime import engine
 from harness.store import provenance, summary
@@ -149,7 +150,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if CONDITIONS_DIR in decoders:  # its SampleSet would share the folder of the condition cache
         raise ConfigValueError(f"decoder.{CONDITIONS_DIR}: a decoder cannot be named {CONDITIONS_DIR!r}, the "
                                "folder of the condition cache in samples_dir; give it another name")
-    timing = timing_of(cfg)
+    timing = shard_timing(timing_of(cfg), int(cfg.shard.index), int(cfg.shard.count))
     if "fetch" in cfg.stages:
         preflight.fetch(cfg, _evaluators(cfg, jobs_plan.evaluators))
         if list(cfg.stages) == ["fetch"]:
@@ -271,6 +272,16 @@ def _weights_id(bundle: ModelBundle) -> str:
     if bundle.weights_id:
         return bundle.weights_id
     return "params:" + provenance.weights_digest([bundle.target, bundle.drafter, bundle.small_drafter])
+
+
+def shard_timing(timing: Timing, index: int, count: int) -> Timing:
+    """The timing of shard `index` of `count`: with a finite `timing.images` only shard 0 times (its
+    first images), the other shards decode every image once, untimed, so a sharded job times one
+    set of images per decoder as an unsharded one does (docs/slurm.md). With `timing.images` null
+    (every image timed) each shard times its own images."""
+    if count > 1 and index > 0 and timing.images is not None:
+        return dataclasses.replace(timing, images=0)
+    return timing
 
 
 def _check_shard_stages(cfg: DictConfig) -> None:
