@@ -303,10 +303,12 @@ def _measured(job: Job, batch: list[SampleSpec], watch: Stopwatch, conditions: C
 
 
 def _prefetch(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]], conditions: ConditionCache,
-              size: int) -> None:
+              size: int) -> tuple[int, float]:
     """Compute the condition entries of the timed images ahead, `size` entries per stage call
     (ConditionCache.prefetch), so a timing batch smaller than batch_size does not make the stage
-    (Tar's LLM) run one image at a time; each entry keeps its share of its call as its cost."""
+    (Tar's LLM) run one image at a time; each entry keeps its share of its call as its cost.
+    Returns the entries computed and the seconds they took."""
+    start = conditions.ledger.copy()
     for job in jobs:
         specs = [s for b in timed[job.name] for s in b]
         before = conditions.ledger.copy()
@@ -315,6 +317,7 @@ def _prefetch(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]], con
         if made:
             log.info("computed %d condition entries of the timed images ahead in %d call(s), %.1f s",
                      made, conditions.ledger.calls - before.calls, conditions.ledger.computed_s - before.computed_s)
+    return conditions.ledger.computed - start.computed, conditions.ledger.computed_s - start.computed_s
 
 
 def _to_condition(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
@@ -365,12 +368,13 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
     if steps:
         log.info("timing %d batches of %d image(s) per decoder, %d repetition(s) each, order %s",
                  max(len(b) for b in timed.values()), timed_size, timing.reps, timing.order)
+    ahead = (0, 0.0)
     if timed_size < batch_size:  # a prompt's images share one stage call, not one each at the timing batch
-        _prefetch(jobs, timed, conditions, batch_size)
+        ahead = _prefetch(jobs, timed, conditions, batch_size)
     probed: set[str] = set()  # decoders whose first untimed batch was decoded with the warm-up
     if warmup_batches > 0:
         _warm_up(jobs, timed, untimed, probed, watch, conditions, run_token, made, warmup_batches=warmup_batches,
-                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device)
+                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device, ahead=ahead)
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
     compile_before = engine.compile_seconds()
     if engine.compiled_anywhere():  # compile time, reported apart: no timed decode includes it
@@ -426,7 +430,8 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
 def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
              untimed: dict[str, list[list[SampleSpec]]], probed: set[str], watch: Stopwatch,
              conditions: ConditionCache, run_token: str, made: dict[str, int], *, warmup_batches: int,
-             reps: int, timed_size: int, batch_size: int, device: torch.device) -> None:
+             reps: int, timed_size: int, batch_size: int, device: torch.device,
+             ahead: tuple[int, float] = (0, 0.0)) -> None:
     """The warm-up (module docstring), measured, and the budget it gives: every decoder decodes its
     first `warmup_batches` timed batches (discarded); one with untimed images not yet measured at
     batch_size decodes its first untimed batch, which is written (its name goes into `probed`)."""
@@ -463,7 +468,8 @@ def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
     work = [Work(job.name, sum(len(b) for b in timed[job.name][:warmup_batches]),
                  sum(len(b) for b in timed[job.name]), sum(len(b) for b in untimed[job.name])) for job in jobs]
     per_entry = {size: seconds / entries for size, (entries, seconds) in rates.items() if entries}
-    conditioning = Conditioning(to_compute[0], to_compute[1], per_entry.get(timed_size), per_entry.get(batch_size))
+    conditioning = Conditioning(to_compute[0], to_compute[1], per_entry.get(timed_size), per_entry.get(batch_size),
+                                ahead=ahead[0], ahead_s=ahead[1])
     log.info("%s", estimate(work, costs, reps=reps, timed_size=timed_size, batch_size=batch_size,
                             conditioning=conditioning, compile_s=compile_s, device=device.type))
 
