@@ -45,8 +45,9 @@ Stats rows (stats.csv, one per image; timing columns repeat over a batch's image
     image_decode_s      median over the repetitions
     peak_memory_bytes   CUDA: the allocator's peak during the batch's decodes; CPU: the process's
                         peak RSS so far
-Images are the first repetition's. An image depends only on (seed, prompt id, image index), never
-on the order, the repetition or the batch it was decoded in.
+Images are the first repetition's. An image's draws depend only on (seed, prompt id, image index),
+never on the order, the repetition or the batch it was decoded in (its tokens neither, on the CPU in
+fp32; in bf16 on CUDA other kernels for other batches can move a logit's last bits).
 """
 from __future__ import annotations
 
