@@ -192,6 +192,7 @@ def dispatch_table(decoders: list[str], device: torch.device) -> list[list[str]]
                 "-" if syncs.count is None else f"{syncs.count / _steps(gen.stats[0]):.2f}",
             ]
         )
+        log.info("dispatch row: %s", " | ".join(rows[-1]))  # printed as it finishes: a cut run keeps it
     return rows
 
 

@@ -48,12 +48,16 @@ REFUSED: tuple[tuple[str, tuple[Any, ...]], ...] = (
 
 def effective_config(base: Any, given: Mapping[str, Any]) -> Any:
     """The generation config the LLM samples with: `base` (the checkpoint's, a transformers
-    GenerationConfig) with do_sample and the `given` settings on top.
+    GenerationConfig) with transformers' own defaults where it sets nothing (as `generate` fills
+    them: top-k 50), and do_sample and the `given` settings on top.
 
     Raises:
         ConfigValueError: it turns on a processor the sampler does not apply.
     """
     config = copy.deepcopy(base)
+    defaults = getattr(config, "_get_default_generation_params", None)  # transformers >= 5: what generate
+    if defaults is not None:  # fills in where neither the checkpoint nor the caller set a value (top-k 50)
+        config.update(**{k: v for k, v in defaults().items() if getattr(config, k, None) is None})
     config.update(do_sample=True, **given)
     active = [f"{name}={getattr(config, name)!r}" for name, neutral in REFUSED
               if getattr(config, name, None) not in neutral]
@@ -65,11 +69,17 @@ def effective_config(base: Any, given: Mapping[str, Any]) -> Any:
 
 
 def generation_diff(config: Any) -> dict[str, Any]:
-    """What `config` sets apart from transformers' defaults (`to_diff_dict`), without the version
-    that saved it and without private bookkeeping (`_from_model_config`): logged, stored in run.json
-    and in the condition cache's context."""
-    return {k: v for k, v in sorted(config.to_diff_dict().items())
-            if k != "transformers_version" and not k.startswith("_")}
+    """What `config` sets apart from transformers' defaults (`to_diff_dict`, without the version that
+    saved it, private bookkeeping and fields left at the values `generate` fills in), with the
+    sampler's APPLIED settings always named: logged, stored in run.json and in the condition
+    cache's context."""
+    fill = getattr(config, "_get_default_generation_params", None)
+    defaults = fill() if fill is not None else {}
+    missing = object()
+    out = {k: v for k, v in config.to_diff_dict().items()
+           if k != "transformers_version" and not k.startswith("_") and defaults.get(k, missing) != v}
+    out.update({k: getattr(config, k, None) for k in ("do_sample", *APPLIED) if getattr(config, k, None) is not None})
+    return dict(sorted(out.items()))
 
 
 def row_warpers(config: Any) -> list[Any]:
