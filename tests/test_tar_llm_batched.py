@@ -175,3 +175,22 @@ def test_a_prompts_four_images_cost_one_llm_call_and_a_second_resolution_none(
     assert generate_calls == []
     recorded = json.loads((tmp_path / "second" / "run.json").read_text())
     assert recorded["extra"]["llm_generation"]["top_k"] == GENERATION_TOP_K
+
+
+def test_fetch_prints_the_effective_generation_config(standin: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """stages=[fetch] names the generation config the LLM will sample with, read from the fetched
+    generation_config.json (the downloads themselves are tested in tests/test_rehearsal.py)."""
+    import logging
+
+    from harness import preflight
+    from harness.assets import fetching
+
+    monkeypatch.setattr(fetching, "model_assets", lambda model: [])
+    monkeypatch.setattr(fetching, "fetch_assets", lambda assets: [])
+    cfg = compose_cfg(["model=tar_1.5b_512", f"model.llm.local_path={standin}"])
+    with caplog.at_level(logging.INFO, logger="harness.preflight"):
+        lines = preflight.fetch(cfg)
+    line = next(line for line in lines if "effective generation config" in line)
+    assert f"'top_k': {GENERATION_TOP_K}" in line and f"'repetition_penalty': {GENERATION_PENALTY}" in line
+    assert line in caplog.text
