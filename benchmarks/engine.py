@@ -26,7 +26,7 @@ Three tables, all measured in this one run:
    EAGLE-2's tree 59, MuLo-SD's whole image N), eager, on the same architectures.
 4. `--memory MODEL`: peak memory per decoder at the protocol's batch (`--batch`, 16), counted on
    the meta device at full width and `--layers` layers (no memory, no compute) and scaled to the
-   full depth (`memory_table`).
+   full depth (`memory_table`), with the conditioner on the same GPU beside it.
 5. `--head-share`: the EAGLE head's share of an eagle2 decode's forward time (shapes world).
 
 This is a microbenchmark of single steps, not a timing of decoders (those come from the harness
@@ -54,6 +54,7 @@ if str(ROOT) not in sys.path:
 
 from baselines.framework.recorder import StatsRecorder  # noqa: E402
 from benchmarks.common import compose_config  # noqa: E402
+from benchmarks.conditioner_memory import conditioner_bytes  # noqa: E402
 from harness.models.chunked_logits import selected_outputs  # noqa: E402
 from harness.runtime import engine, hostsync  # noqa: E402
 from harness.store.summary import _markdown  # noqa: E402
@@ -191,6 +192,7 @@ def dispatch_table(decoders: list[str], device: torch.device) -> list[list[str]]
                 "-" if syncs.count is None else f"{syncs.count / _steps(gen.stats[0]):.2f}",
             ]
         )
+        log.info("dispatch row: %s", " | ".join(rows[-1]))  # printed as it finishes: a cut run keeps it
     return rows
 
 
@@ -273,50 +275,79 @@ def _target(name: str, overrides: list[str], device: torch.device, layers: int |
     return bundle, target
 
 
-def floor_bytes(bundle: Any) -> int:
+def floor_bytes(bundle: Any, slots: float | None = None) -> int:
     """Bytes one raster step must read: the target GPT's weights and the KV cache its attention reads
-    (set up by the caller), not the VQ decoder, the conditioner or an EAGLE head."""
+    (set up by the caller; `slots`: only that many slots of it, the filled prefix), not the VQ
+    decoder, the conditioner or an EAGLE head."""
     gpt = bundle.target.gpt
     weights = sum(p.numel() * p.element_size() for p in gpt.parameters())
-    cache = 0
+    cache = 0.0
     for layer in gpt.layers:
         kv = layer.attention.kv_cache
-        cache += 0 if kv is None else 2 * kv.k_cache.numel() * kv.k_cache.element_size()
-    return weights + cache
+        if kv is None:
+            continue
+        store = 2 * kv.k_cache.numel() * kv.k_cache.element_size()
+        cache += store if slots is None else store * min(slots / kv.k_cache.shape[2], 1.0)
+    return int(weights + cache)
+
+
+STEP_COLUMNS = ["model", "batch", "engine", "ms/step", "compile s", "cudagraph skips", "floor ms/step",
+                "filled floor ms/step", "/ floor", "/ filled floor"]
 
 
 def step_table(models: dict[str, list[str]], device: torch.device, steps: int, compiled: bool,
                batches: tuple[int, ...] = (1,), layers: int | None = None) -> list[list[str]]:
-    """Rows: model, batch, eager ms/step, compiled ms/step, compile s, floor ms/step (target GPT
-    weights + KV cache / bandwidth), eager / floor, compiled / floor. Rows print as they finish."""
+    """Rows (STEP_COLUMNS): per model, its eager row at every batch first, then its compiled rows,
+    each logged as soon as it is measured (a run cut while compiling keeps its eager rows).
+    floor: the target GPT's weights + its whole KV cache store over the measured bandwidth (what
+    the static-shape attention reads); filled floor: weights + the KV of the slots the timed steps
+    have filled (prefix + image positions so far: what attention over the filled prefix alone would
+    read). Compiled, the prefill stays eager (`GPT.eager_prefill`), so a batch compiles one graph,
+    the T = 1 step; cudagraph skips: the CUDA-graph captures inductor skipped during the row (the
+    step then ran without a CUDA graph; "-" off CUDA)."""
     rate = bandwidth(device)
     rows = []
     for name, overrides in models.items():
-        for batch in batches:
-            bundle, target = _target(name, overrides, device, layers)
-            eager = _ms_per_step(bundle, target, steps, device, batch=batch)
-            floor = floor_bytes(bundle) / rate * 1000
-            fast, ratio, compile_s = "-", "-", "-"
-            if compiled:
-                engine.apply(bundle, "compiled", device)
-                engine.reserve(bundle, [], batch)  # the trash slot: allocated before any graph is captured
-                before = engine.compile_seconds()
-                ms = _ms_per_step(bundle, target, steps, device, batch=batch)
-                fast, ratio = f"{ms:.2f}", f"{ms / floor:.1f}"
-                compile_s = f"{engine.compile_seconds() - before:.1f}"
-            rows.append([name, str(batch), f"{eager:.2f}", fast, compile_s, f"{floor:.3f}", f"{eager / floor:.1f}",
-                         ratio])
-            log.info("step row: %s", " | ".join(rows[-1]))
-            del bundle, target
+        for engine_name in ("eager", "compiled") if compiled else ("eager",):
+            for batch in batches:
+                rows.append(_step_row(name, overrides, device, steps, batch, engine_name, rate, layers))
+                log.info("step row: %s", " | ".join(rows[-1]))
     return rows
+
+
+def _step_row(name: str, overrides: list[str], device: torch.device, steps: int, batch: int, engine_name: str,
+              rate: float, layers: int | None) -> list[str]:
+    """One row of the step table (STEP_COLUMNS) on a freshly built model."""
+    bundle, target = _target(name, overrides, device, layers)
+    compile_s, skips = "-", "-"
+    if engine_name == "compiled":
+        engine.apply(bundle, "compiled", device)
+        bundle.target.gpt.eager_prefill = True
+        engine.reserve(bundle, [], batch)  # the trash slot: allocated before any graph is captured
+        before, skipped = engine.compile_seconds(), cudagraph_skips()
+    ms, filled_slots = _ms_per_step(bundle, target, steps, device, batch=batch)
+    if engine_name == "compiled":
+        compile_s = f"{engine.compile_seconds() - before:.1f}"
+        skips = f"{cudagraph_skips() - skipped}" if device.type == "cuda" else "-"
+    floor = floor_bytes(bundle) / rate * 1000
+    filled = floor_bytes(bundle, filled_slots) / rate * 1000
+    return [name, str(batch), engine_name, f"{ms:.2f}", compile_s, skips, f"{floor:.3f}", f"{filled:.3f}",
+            f"{ms / floor:.1f}", f"{ms / filled:.1f}"]
+
+
+def cudagraph_skips() -> int:
+    """CUDA-graph captures inductor has skipped in this process (a mutated input, a CPU tensor, ...)."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 @torch.inference_mode()
 def _ms_per_step(bundle: Any, target: Any, steps: int, device: torch.device, width: int = 1,
-                 batch: int = 1) -> float:
-    """Milliseconds per forward of `width` tokens at `batch` images, averaged over `steps` positions
-    after 3 warm-up forwards (which compile and capture under engine=compiled: their time is the
-    compile time, engine.compile_seconds)."""
+                 batch: int = 1) -> tuple[float, float]:
+    """(milliseconds per forward of `width` tokens at `batch` images, averaged over `steps`
+    positions after 3 warm-up forwards (which compile and capture under engine=compiled: their
+    time is the compile time, engine.compile_seconds); the mean KV slots those forwards' queries
+    attend to: the prefix and the image positions up to theirs)."""
     n = target.grid[0] * target.grid[1]
     target.setup_cache(batch)
     logits = target.prefill(bundle.condition(["a photo of a cat"] * batch))
@@ -326,11 +357,15 @@ def _ms_per_step(bundle: Any, target: Any, steps: int, device: torch.device, wid
         target.forward(tokens, positions[i : i + width])
     _sync(device)
     start = time.perf_counter()
+    ats = []
     for i in range(3, 3 + steps):
         at = i % max(n - width, 1)
+        ats.append(at)
         target.forward(tokens, positions[at : at + width])
     _sync(device)
-    return (time.perf_counter() - start) / steps * 1000
+    prefix = bundle.target.gpt.cfg.prefix_len
+    filled = prefix + sum(min(at + width, n) for at in ats) / len(ats)
+    return (time.perf_counter() - start) / steps * 1000, filled
 
 
 def width_table(models: dict[str, list[str]], device: torch.device, steps: int,
@@ -341,7 +376,7 @@ def width_table(models: dict[str, list[str]], device: torch.device, steps: int,
         bundle, target = _target(name, overrides, device, layers)
         rows_, cols = target.grid
         widths = {"raster": 1, "zipar": rows_, "sjd": 17, "eagle2": 59, "mulo_sd": rows_ * cols}
-        cells = [f"{_ms_per_step(bundle, target, max(steps // 4, 2), device, w):.2f}" for w in widths.values()]
+        cells = [f"{_ms_per_step(bundle, target, max(steps // 4, 2), device, w)[0]:.2f}" for w in widths.values()]
         rows.append([name, *cells])
         del bundle, target
     return rows
@@ -402,13 +437,15 @@ def memory_table(names: list[str], batch: int, layers: int) -> list[list[str]]:
     weights + L x one layer's; KV cache = L x one layer's (at the decoder's rows and slots); the
     transient (activations, logits, mix, softmax) does not grow with depth, as eager forwards free
     each layer's activations before the next. MuLo-SD adds its drafter's weights and KV cache
-    (same family, full depth), EAGLE-2 / LANTERN their head. Conditioners (T5, Tar's LLM) and the
-    VQ decoder are not counted."""
+    (same family, full depth), EAGLE-2 / LANTERN their head. Then the conditioner on the same GPU
+    (FLAN-T5-XL's encoder; Tar's LLM and the KV cache of its batched generate:
+    benchmarks/conditioner_memory.py) and the peak with it; the VQ decoder is not counted."""
     from harness.models import transformer
 
     rows = []
     for name in names:
         full = int(compose_config([f"model={name}"], name).model.arch.n_layer)
+        conditioner = conditioner_bytes(name, rows=batch)  # on the same GPU (benchmarks/conditioner_memory.py)
         bundle, target = _target(name, ["model.dtype=bf16"], torch.device("cpu"), layers)
         bundle.to("meta")
         gpt, grid = bundle.target.gpt, bundle.target.grid
@@ -442,7 +479,8 @@ def memory_table(names: list[str], batch: int, layers: int) -> list[list[str]]:
             head = getattr(bundle.target, "eagle_head", None)
             if decoder == "lantern" and head is not None:
                 weights += sum(p.numel() * p.element_size() for p in head.parameters())
-            gb = [x / 1e9 for x in (weights, cache, live.peak, weights + cache + live.peak)]
+            peak = weights + cache + live.peak
+            gb = [x / 1e9 for x in (weights, cache, live.peak, peak, conditioner, peak + conditioner)]
             rows.append([name, decoder, str(width), *(f"{x:.2f}" for x in gb)])
             log.info("memory row: %s", " | ".join(rows[-1]))
         del bundle, target
@@ -541,8 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled = not a.no_compile and engine.unavailable(device) is None
         batches = tuple(int(b) for b in a.batches.split(","))
         rows = step_table(models, device, a.steps, compiled=compiled, batches=batches, layers=a.layers)
-        print(_markdown(["model", "batch", "eager ms/step", "compiled ms/step", "compile s", "floor ms/step",
-                         "eager / floor", "compiled / floor"], rows, 1), flush=True)
+        print(_markdown(STEP_COLUMNS, rows, 1), flush=True)
     if "widths" in tables:
         rows = width_table(models, device, a.steps, layers=a.layers)
         print(_markdown(["model (ms / forward at width)", "raster 1", "zipar rows", "sjd 17", "eagle2 59",
@@ -550,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in tables:
         rows = memory_table([n for n in names if n in FULL_SIZE] or list(FULL_SIZE), a.batch, a.layers or 2)
         print(_markdown(["model", "decoder", "widest forward", "GPT weights GB", "KV cache GB", "transient GB",
-                         "peak GB"], rows, 2), flush=True)
+                         "peak GB", "conditioner GB", "peak with conditioner GB"], rows, 2), flush=True)
     if "head" in tables:
         rows = head_share(device)
         print(_markdown(["decoder", "target forward ms", "EAGLE head ms", "head share"], rows, 1), flush=True)

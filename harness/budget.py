@@ -3,6 +3,7 @@
 
     budget = sum over decoders of  (warm-up images + timing.reps x timed images) x c(timing batch)
                                    + untimed images x c(batch_size)
+             + the seconds the timed images' entries took, computed ahead at batch_size (measured)
              + condition entries computed at the timing batch x k(timing batch)
              + condition entries computed at batch_size x k(batch_size)
 
@@ -53,6 +54,8 @@ class Conditioning:
     untimed: int = 0
     timed_s: float | None = None
     untimed_s: float | None = None
+    ahead: int = 0  # entries of the timed images computed before the warm-up (harness/generate.py)
+    ahead_s: float = 0.0  # the seconds they took, measured
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,10 @@ def estimate(work: Sequence[Work], costs: Mapping[tuple[str, int], Cost], *, rep
             parts.append(f"{what} images x {cost.per_image:.4g} s ({said})")
         decode[item.decoder] = total
         lines.append(f"{item.decoder}: {'; '.join(parts) or 'nothing to decode'} = {total / 3600:.3g} h")
-    condition_s = 0.0
+    condition_s = conditioning.ahead_s
+    if conditioning.ahead:
+        lines.append(f"conditioning: {conditioning.ahead} entries of the timed images computed ahead in calls of "
+                     f"{batch_size}: {conditioning.ahead_s:.4g} s (measured)")
     for entries, rate, other, size in ((conditioning.timed, conditioning.timed_s, conditioning.untimed_s, timed_size),
                                        (conditioning.untimed, conditioning.untimed_s, conditioning.timed_s,
                                         batch_size)):

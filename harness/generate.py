@@ -20,7 +20,8 @@ A repetition runs condition -> decode -> tokens to pixels; the decode is the lat
 evaluator reports. Conditions come through the job's condition cache (harness/store/conditions.py):
 Tar's LLM and LlamaGen's text encoder run once per (prompt, image seed) or per prompt, whichever
 decoder, repetition or shard meets the image first, and `condition_s` is what computing the batch's
-conditions cost when they were computed, the same for every decoder.
+conditions cost when they were computed, the same for every decoder. When the timing batch is
+smaller than `batch_size`, the timed images' entries are computed first, `batch_size` per call.
 
 `Stopwatch` synchronises the device around each part and records wall time, the CPU time of the
 decoding thread (CPU devices: a thread that other processes keep off the CPU shows wall time without
@@ -44,8 +45,9 @@ Stats rows (stats.csv, one per image; timing columns repeat over a batch's image
     image_decode_s      median over the repetitions
     peak_memory_bytes   CUDA: the allocator's peak during the batch's decodes; CPU: the process's
                         peak RSS so far
-Images are the first repetition's. An image depends only on (seed, prompt id, image index), never
-on the order, the repetition or the batch it was decoded in.
+Images are the first repetition's. An image's draws depend only on (seed, prompt id, image index),
+never on the order, the repetition or the batch it was decoded in (its tokens neither, on the CPU in
+fp32; in bf16 on CUDA other kernels for other batches can move a logit's last bits).
 """
 from __future__ import annotations
 
@@ -301,6 +303,24 @@ def _measured(job: Job, batch: list[SampleSpec], watch: Stopwatch, conditions: C
     return pixels, gen, warm, max(seconds - warm, 0.0)
 
 
+def _prefetch(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]], conditions: ConditionCache,
+              size: int) -> tuple[int, float]:
+    """Compute the condition entries of the timed images ahead, `size` entries per stage call
+    (ConditionCache.prefetch), so a timing batch smaller than batch_size does not make the stage
+    (Tar's LLM) run one image at a time; each entry keeps its share of its call as its cost.
+    Returns the entries computed and the seconds they took."""
+    start = conditions.ledger.copy()
+    for job in jobs:
+        specs = [s for b in timed[job.name] for s in b]
+        before = conditions.ledger.copy()
+        made = conditions.prefetch(job.models.conditioner, [s.prompt.text for s in specs], [s.seed for s in specs],
+                                   size)
+        if made:
+            log.info("computed %d condition entries of the timed images ahead in %d call(s), %.1f s",
+                     made, conditions.ledger.calls - before.calls, conditions.ledger.computed_s - before.computed_s)
+    return conditions.ledger.computed - start.computed, conditions.ledger.computed_s - start.computed_s
+
+
 def _to_condition(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
                   untimed: dict[str, list[list[SampleSpec]]], conditions: ConditionCache) -> tuple[int, int]:
     """The condition entries the job has to compute (neither in memory nor on disk), at the timing
@@ -349,10 +369,13 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
     if steps:
         log.info("timing %d batches of %d image(s) per decoder, %d repetition(s) each, order %s",
                  max(len(b) for b in timed.values()), timed_size, timing.reps, timing.order)
+    ahead = (0, 0.0)
+    if timed_size < batch_size:  # a prompt's images share one stage call, not one each at the timing batch
+        ahead = _prefetch(jobs, timed, conditions, batch_size)
     probed: set[str] = set()  # decoders whose first untimed batch was decoded with the warm-up
     if warmup_batches > 0:
         _warm_up(jobs, timed, untimed, probed, watch, conditions, run_token, made, warmup_batches=warmup_batches,
-                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device)
+                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device, ahead=ahead)
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
     compile_before = engine.compile_seconds()
     if engine.compiled_anywhere():  # compile time, reported apart: no timed decode includes it
@@ -408,7 +431,8 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
 def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
              untimed: dict[str, list[list[SampleSpec]]], probed: set[str], watch: Stopwatch,
              conditions: ConditionCache, run_token: str, made: dict[str, int], *, warmup_batches: int,
-             reps: int, timed_size: int, batch_size: int, device: torch.device) -> None:
+             reps: int, timed_size: int, batch_size: int, device: torch.device,
+             ahead: tuple[int, float] = (0, 0.0)) -> None:
     """The warm-up (module docstring), measured, and the budget it gives: every decoder decodes its
     first `warmup_batches` timed batches (discarded); one with untimed images not yet measured at
     batch_size decodes its first untimed batch, which is written (its name goes into `probed`)."""
@@ -445,7 +469,8 @@ def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
     work = [Work(job.name, sum(len(b) for b in timed[job.name][:warmup_batches]),
                  sum(len(b) for b in timed[job.name]), sum(len(b) for b in untimed[job.name])) for job in jobs]
     per_entry = {size: seconds / entries for size, (entries, seconds) in rates.items() if entries}
-    conditioning = Conditioning(to_compute[0], to_compute[1], per_entry.get(timed_size), per_entry.get(batch_size))
+    conditioning = Conditioning(to_compute[0], to_compute[1], per_entry.get(timed_size), per_entry.get(batch_size),
+                                ahead=ahead[0], ahead_s=ahead[1])
     log.info("%s", estimate(work, costs, reps=reps, timed_size=timed_size, batch_size=batch_size,
                             conditioning=conditioning, compile_s=compile_s, device=device.type))
 

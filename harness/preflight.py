@@ -329,6 +329,12 @@ def fetch(cfg: DictConfig, evaluators: Sequence[Any] = ()) -> list[str]:
     fetched = [f"dataset {cfg.dataset.get('name')}: {len(instantiate(_plain(cfg.dataset)))} prompts"]
     listed = fetch_assets(model_assets(cfg.model) + evaluator_assets(evaluators))
     fetched += [f"{item.asset.what}: {len(item.entries)} files from {item.asset.source()}" for item in listed]
+    llm = cfg.model.get("llm")
+    if llm is not None and str(llm.get("_target_")) == "harness.models.tar.llm.TarLLM":
+        from harness.models.tar.llm import fetched_generation
+
+        fetched.append(f"Tar LLM {llm.get('repo_id')}: effective generation config "
+                       f"{fetched_generation(**_plain(llm))}")
     for line in fetched:
         log.info("fetched %s", line)
     return fetched

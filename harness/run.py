@@ -7,6 +7,7 @@ job adds the rows that compare decoders with raster (harness/comparisons.py) and
 decoders whose `timing_noise` exceeds `timing.noise_threshold`."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from pathlib import Path
@@ -23,7 +24,7 @@ from harness.checks import build as _build
 from harness.checks import build_decoder, check_config, check_evaluator_name, timing_of
 from harness.comparisons import decoder_setting, joined, model_setting, warn_noisy_timing, with_comparisons
 from harness.datasets.prompts import select
-from harness.generate import Job, generate_all
+from harness.generate import Job, Timing, generate_all
 from harness.models.guidance import Guided
 from harness.runtime import engine
 from harness.store import provenance, summary
@@ -149,7 +150,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if CONDITIONS_DIR in decoders:  # its SampleSet would share the folder of the condition cache
         raise ConfigValueError(f"decoder.{CONDITIONS_DIR}: a decoder cannot be named {CONDITIONS_DIR!r}, the "
                                "folder of the condition cache in samples_dir; give it another name")
-    timing = timing_of(cfg)
+    timing = shard_timing(timing_of(cfg), int(cfg.shard.index), int(cfg.shard.count))
     if "fetch" in cfg.stages:
         preflight.fetch(cfg, _evaluators(cfg, jobs_plan.evaluators))
         if list(cfg.stages) == ["fetch"]:
@@ -182,6 +183,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
         engine.reserve(bundle, built.values(), max(int(cfg.batch_size), int(timing.batch_size or 0)))
         bundle.name = str(cfg.model.get("name", bundle.name))
+        generation = getattr(getattr(bundle.conditioner, "stage", None), "generation", None)
+        if generation is not None:  # the LLM's effective generation config (Tar), in run.json
+            extra["llm_generation"] = generation
         jobs = []
         for name, decoder in built.items():  # every set bound before anything is generated
             sample_sets[name].bind(sample_binding(cfg, name, weights, device),
@@ -190,7 +194,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
             jobs.append(Job(name=name, decoder=decoder, models=models, sample_set=sample_sets[name]))
         model_config = OmegaConf.to_container(cfg.model, resolve=True)
-        conditions = ConditionCache(samples_root / CONDITIONS_DIR, model=bundle.name,
+        conditions_root = Path(cfg.conditions_dir) if cfg.get("conditions_dir") else samples_root / CONDITIONS_DIR
+        conditions = ConditionCache(conditions_root, model=bundle.name,
                                     config=model_config if isinstance(model_config, dict) else None, device=device)
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
                      timing=timing, device=device, conditions=conditions)
@@ -268,6 +273,16 @@ def _weights_id(bundle: ModelBundle) -> str:
     if bundle.weights_id:
         return bundle.weights_id
     return "params:" + provenance.weights_digest([bundle.target, bundle.drafter, bundle.small_drafter])
+
+
+def shard_timing(timing: Timing, index: int, count: int) -> Timing:
+    """The timing of shard `index` of `count`: with a finite `timing.images` only shard 0 times (its
+    first images), the other shards decode every image once, untimed, so a sharded job times one
+    set of images per decoder as an unsharded one does (docs/slurm.md). With `timing.images` null
+    (every image timed) each shard times its own images."""
+    if count > 1 and index > 0 and timing.images is not None:
+        return dataclasses.replace(timing, images=0)
+    return timing
 
 
 def _check_shard_stages(cfg: DictConfig) -> None:

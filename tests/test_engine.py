@@ -253,14 +253,48 @@ def test_on_cuda_every_decoder_is_batch_independent_with_the_lagged_loop_check(n
     assert torch.equal(_sampled(name, bundle, prompts, seeds, 1), _sampled(name, bundle, prompts, seeds, 4)), name
 
 
-@pytest.mark.gpu
-@CUDA
-def test_on_cuda_compiled_and_eager_decode_the_same_greedy_tokens() -> None:
+@pytest.fixture(scope="module")
+def cuda_pair() -> tuple[object, object]:
+    """An eager random bundle on CUDA and its compiled copy, shared by the per-decoder tests below
+    (graphs compiled for one decoder serve the next)."""
     eager = build(grid=8, vocab=64, dim=64).to("cuda")
     compiled = copy.deepcopy(eager)
     engine.apply(compiled, "compiled", torch.device("cuda"))
-    for name in DECODERS:
-        assert torch.equal(_decode(name, compiled, [1, 2, 3]), _decode(name, eager, [1, 2, 3])), name
+    return eager, compiled
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("name", DECODERS)
+def test_on_cuda_compiled_and_eager_decode_the_same_greedy_tokens(name: str, cuda_pair: tuple) -> None:
+    """One test per decoder: a run cut by its time limit still gives a verdict for every decoder it reached."""
+    eager, compiled = cuda_pair
+    assert torch.equal(_decode(name, compiled, [1, 2, 3]), _decode(name, eager, [1, 2, 3])), name
+
+
+def test_an_eager_prefill_of_a_compiled_model_writes_what_the_eager_model_writes() -> None:
+    """GPT.eager_prefill (benchmarks/engine.py's step table): the prefill runs op by op on the
+    compiled model's cache layout (a trash slot past the slots) and gives the eager model's logits
+    and keys; nothing is compiled for it."""
+    eager = build(grid=4, vocab=64, dim=64)
+    compiled = copy.deepcopy(eager)
+    engine.apply(compiled, "compiled", torch.device("cpu"))
+    compiled.target.gpt.eager_prefill = True
+    engine.reserve(compiled, [], 2)
+    shapes = engine.compiled_shapes()
+    cond = eager.condition(PROMPTS[:2])
+    with torch.inference_mode():
+        eager.target.gpt.setup_cache(2)
+        compiled.target.gpt.setup_cache(2)
+        want = eager.target.gpt.prefill(cond)
+        got = compiled.target.gpt.prefill(cond)
+    assert engine.compiled_shapes() == shapes  # the compiled stack was never called
+    torch.testing.assert_close(got, want)
+    slots = eager.target.gpt.cfg.prefix_len
+    kv_eager = eager.target.gpt.layers[0].attention.kv_cache.k_cache
+    kv_compiled = compiled.target.gpt.layers[0].attention.kv_cache.k_cache
+    assert kv_compiled.shape[2] > kv_eager.shape[2]  # the compiled layout has its trash slot
+    torch.testing.assert_close(kv_compiled[:2, :, :slots], kv_eager[:2, :, :slots])
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -110,6 +110,7 @@ class GPT(nn.Module):
         self._stack = self._run_layers  # the cached forward's layers; `compile` replaces it
         self.compiled = False
         self.budget: graphs.GraphBudget | None = None  # the compiled forward's shapes (compile_cached)
+        self.eager_prefill = False  # compiled: run the prefill eager (one graph fewer per batch size)
         for m in self.modules():  # LlamaGen's init: N(0, 0.02) weights, a zero output head
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
@@ -198,17 +199,20 @@ class GPT(nn.Module):
         return self._positional(h, slots)
 
     def _layers(self, h: Tensor, slots: Tensor, mask: Tensor | None, cache: bool,
-                write: Tensor | None = None, raw: bool = False, out: Outputs | None = None) -> Tensor:
+                write: Tensor | None = None, raw: bool = False, out: Outputs | None = None,
+                eager: bool = False) -> Tensor:
         """h [B, T, dim] at sequence slots [B, T], mask [B, T, S] (None: causal, no cache) -> float
         logits [B, T, V] (in the weights' dtype when `raw`; with `out`, its mix and finish of the
         positions it selects, wide ones projected in chunks: harness/models/chunked_logits.py);
-        with `cache`, keys/values go to cache slots `write` [B, T] (default: `slots`). Keeps the
-        hidden states after the final norm in `last_hidden`."""
+        with `cache`, keys/values go to cache slots `write` [B, T] (default: `slots`), through the
+        compiled stack unless `eager`. Keeps the hidden states after the final norm in `last_hidden`."""
         write = slots if write is None else write
         # a static flag (one graph per width): the stack projects unless `out` does it in chunks
         project = out is None or (out.select is None and h.shape[1] <= chunked_logits.LOGITS_CHUNK)
-        if cache:
+        if cache and not eager:
             logits, self.last_hidden = self._stack(h, slots, mask, write, project)
+        elif cache:
+            logits, self.last_hidden = self._run_layers(h, slots, mask, write, project)
         else:
             logits, self.last_hidden = self._run_layers(h, slots, mask, None, project)
         if out is None:
@@ -317,6 +321,12 @@ class GPT(nn.Module):
         self.token_bias = self._token_bias(feats)
         self.prefix_keep = None if prefix_mask is None else prefix_mask.to(x.device, torch.bool)
         slots = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        if self.compiled and self.eager_prefill:  # the compiled cache layout, the layers run eager
+            kv = self.layers[0].attention.kv_cache.k_cache.shape[2]  # type: ignore[union-attr]
+            mask = F.pad(self._causal_rows(slots), (0, kv - self.cache_slots))
+            if self.prefix_keep is not None:
+                mask = self._mask_prefix(mask, slots, self.prefix_keep)
+            return self._layers(x, slots, mask, cache=True, eager=True).float()[:, -1]
         return self._cached(x, slots, self._causal_rows(slots))[:, -1]
 
     def forward_cached(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,

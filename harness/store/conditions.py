@@ -11,14 +11,18 @@ called as they are: they cost microseconds.
 
 Layout under `root` (`<samples_dir>/conditions/`, beside the SampleSets):
 
-    <context>/context.json   what the entries were made with: model name, the stage's class and
-                             config (its model config node, without where weights are read from and
-                             without options at their defaults), its weights id, per_image
+    <context>/context.json   what the entries were made with: the stage's class and config (its
+                             model config node, without where weights are read from and without
+                             options at their defaults), its weights id, per_image, the effective
+                             generation config where the stage has one (Tar's LLM), and the model
+                             name only where the stage has no config node of its own
     <context>/<entry>.pt     one row of the stage's output with its prompt, seed and the seconds it
                              cost when it was computed (torch.save; read with weights_only)
 
 <context> is a digest of context.json's content and <entry> of (prompt, seed): another conditioner,
-other weights or other LLM sampling settings read other files and compute again. Files are written
+other weights or other LLM sampling settings read other files and compute again, while models that
+share a stage (Tar-1.5B at 512 and at 1024 px: the same LLM, weights and sampling) share its entries
+when their jobs name one folder (`conditions_dir`). Files are written
 atomically, so shard jobs share one folder; an entry that cannot be read is refused, naming it.
 
 Time: `ledger` says how many stage calls ran, what they cost, and the recorded cost of every entry
@@ -138,6 +142,30 @@ def stage_weights_id(stage: Any) -> str:
     return "none"
 
 
+def has_own_node(model: dict[str, Any] | None, stage: Any) -> bool:
+    """Whether the resolved model config `model` holds a node whose `_target_` is the stage's class."""
+    return model is not None and any(isinstance(value, dict) and value.get(TARGET) == class_path(stage)
+                                     for value in canonical(model).values())
+
+
+def context_description(model_name: str, model: dict[str, Any] | None, conditioner: Any) -> dict[str, Any]:
+    """What names a conditioner's entries (module docstring): the stage's class, its own config
+    node, its weights, whether it reads image seeds and, where the stage says it (`generation`: Tar's
+    LLM), its effective generation config. A stage with its own config node is named by it alone,
+    not by the model around it: image models that share the stage (Tar at 512 and 1024 px) share
+    its entries; one without (the whole model config stands for it) is named with the model."""
+    stage = conditioner.stage
+    description = {"format": ENTRY_FORMAT, "stage": class_path(stage), "config": stage_config(model, stage),
+                   "weights": stage_weights_id(stage),
+                   "per_image": bool(getattr(conditioner, "per_image", False))}
+    generation = getattr(stage, "generation", None)
+    if generation is not None:
+        description["generation"] = generation
+    if not has_own_node(model, stage):
+        description["model"] = model_name
+    return description
+
+
 class ConditionCache:
     """Entries of conditioners' costly stages, in memory for a job and, with `root`, on disk.
 
@@ -179,6 +207,18 @@ class ConditionCache:
         context = self._context(conditioner)
         return {key for key in dict.fromkeys(self.keys(conditioner, prompts, seeds))
                 if key not in context.entries and not self._on_disk(context, key)}
+
+    def prefetch(self, conditioner: Any, prompts: Sequence[str], seeds: Sequence[int] | None, size: int) -> int:
+        """Compute the missing entries of these rows ahead, in stage calls of at most `size` distinct
+        entries in row order (a prompt's images together), serving nothing; return the entries computed."""
+        if not cacheable(conditioner):
+            return 0
+        missing = self.missing(conditioner, prompts, seeds)
+        todo = [key for key in dict.fromkeys(self.keys(conditioner, prompts, seeds)) if key in missing]
+        context = self._context(conditioner)
+        for start in range(0, len(todo), size):
+            self._compute(conditioner, context, todo[start:start + size])
+        return len(todo)
 
     def stage_output(self, conditioner: Any, prompts: Sequence[str], seeds: Sequence[int] | None) -> Any:
         """The stage's output for these rows: entries in memory or on disk are reused, the others
@@ -235,9 +275,7 @@ class ConditionCache:
         if found is not None:
             return found
         stage = conditioner.stage
-        description = {"format": ENTRY_FORMAT, "model": self.model, "stage": class_path(stage),
-                       "config": stage_config(self.config, stage), "weights": stage_weights_id(stage),
-                       "per_image": bool(getattr(conditioner, "per_image", False))}
+        description = context_description(self.model, self.config, conditioner)
         text = json.dumps(description, sort_keys=True, default=str)
         digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
         folder = None

@@ -37,6 +37,7 @@ OVERRIDES = {
     ],
 }
 CODES = 512  # TA-Tok codebook of the stand-in
+GENERATION_TOP_K, GENERATION_PENALTY = 20, 1.1  # the stand-in Tar LLM's generation_config.json
 
 
 def build(root: Path, shared_data: Path) -> None:
@@ -45,7 +46,7 @@ def build(root: Path, shared_data: Path) -> None:
     _llamagen(hub)
     _tar(hub)
     _flan_t5(hub / "google" / "flan-t5-xl")
-    _tar_llm(hub / "csuhan" / "Tar-1.5B")
+    tar_llm(hub / "csuhan" / "Tar-1.5B")
     _open_clip(hub)
     _mask2former(hub / "facebook" / "mask2former-swin-small-coco-instance")
     _blip(hub / "Salesforce" / "blip-vqa-base")
@@ -115,7 +116,7 @@ def _flan_t5(repo: Path) -> None:
         (repo / decoy).write_bytes(b"another weight format: never downloaded")
 
 
-def _tar_llm(repo: Path) -> None:
+def tar_llm(repo: Path) -> None:
     """A 1-layer Qwen2 whose vocabulary holds Tar's `<I...>` code tokens, a chat template, weights."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -134,7 +135,11 @@ def _tar_llm(repo: Path) -> None:
     config = Qwen2Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
                          eos_token_id=words.index("<|im_end|>"), pad_token_id=0)
-    Qwen2ForCausalLM(config).save_pretrained(_folder(repo))
+    model = Qwen2ForCausalLM(config)
+    # sampling defaults of the kind Qwen2.5-Instruct ships (top-k 20, repetition penalty 1.1): they must
+    # reach the LLM's sampling (tests/test_tar_llm_batched.py)
+    model.generation_config.update(do_sample=True, top_k=GENERATION_TOP_K, repetition_penalty=GENERATION_PENALTY)
+    model.save_pretrained(_folder(repo))
     fast.save_pretrained(repo)
 
 

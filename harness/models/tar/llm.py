@@ -10,11 +10,14 @@ of the output, truncated or zero-padded to `seq_len` (729 / 169 / 81 for scale 0
 
 Draws (`draws`): `per_image`, as Tar's evaluation scripts (the prompt repeated once per image, one
 batched `generate` with only do_sample=True, temperature=1.0): every image gets its own LLM sample,
-seeded from the image's seed (so from the run seed, the prompt id and the image index);
+seeded from the image's seed (so from the run seed, the prompt id and the image index), drawn from
+its own stream inside one batched `generate` (harness/models/tar/row_sampler.py);
 `shared_per_prompt`: one sample per prompt (seeded from `seed` and the prompt text) shared by its
 images, a tighter paired comparison; with `t2i_inference.py`'s top-p 0.95 / top-k 1200 it is the
-stage as that script runs it. A null top_p / top_k is not passed to `generate`, which then applies
-the checkpoint's generation config (transformers' own defaults where it sets none), as the scripts do.
+stage as that script runs it. A null top_p / top_k keeps the checkpoint's generation config
+(transformers' own defaults where it sets none), as the scripts do; the effective config
+(`generation`, its difference from transformers' defaults) is logged, stored in run.json and names
+the condition cache's entries.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from torch import Tensor
 from harness.api import ConfigValueError
 from harness.models.condition import TextCondition
 from harness.models.hub import WeightsError, dtype_of, snapshot
+from harness.models.tar.row_sampler import GREEDY, RowSampler, effective_config, generation_diff
 from harness.models.tar.tatok import TATokCodeEmbedding
 
 log = logging.getLogger(__name__)
@@ -85,7 +89,13 @@ def parse_codes(text: str, seq_len: int) -> list[int]:
 
 
 class TarLLM:
-    """Qwen2 causal LM of a Tar checkpoint, sampling TA-Tok codes."""
+    """Qwen2 causal LM of a Tar checkpoint, sampling TA-Tok codes.
+
+    The rows of a call decode together, `batch_size` rows per `generate` (left-padded, masked),
+    and each row samples from its own seeded stream (`RowSampler`), so a row's codes do not
+    depend on the rows beside it. The sampling is the effective generation config (`generation`):
+    the checkpoint's `generation_config.json` with the given temperature / top_p / top_k on top,
+    applied per row as `generate(do_sample=True)` applies it to that row alone."""
 
     # the repo files it reads (config, generation defaults, Qwen2 tokenizer and chat template, weights)
     FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
@@ -96,8 +106,10 @@ class TarLLM:
                  cache_dir: str | None = None, scale: int = 0, seq_len: int = 729, dtype: str = "bf16",
                  device: str | None = None, temperature: float = 1.0, top_p: float | None = None,
                  top_k: int | None = None, seed: int = 0, draws: str = "per_image",
-                 system_prompt: str = "You are a helpful assistant.") -> None:
+                 system_prompt: str = "You are a helpful assistant.", batch_size: int = 16) -> None:
         self.draws = checked_draws(draws)
+        if batch_size < 1:
+            raise ConfigValueError(f"model.llm.batch_size must be at least 1, got {batch_size}")
         try:
             from transformers import AutoTokenizer, Qwen2ForCausalLM
         except ImportError as err:
@@ -112,32 +124,66 @@ class TarLLM:
             self.model.to(device)
         self.folder = folder  # the condition cache identifies the weights by its files
         self.scale, self.seq_len, self.seed, self.system_prompt = scale, seq_len, seed, system_prompt
+        self.batch_size = batch_size
         given = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
-        self.sampling = {"do_sample": True, **{k: v for k, v in given.items() if v is not None}}
+        self.config = effective_config(self.model.generation_config, {k: v for k, v in given.items()
+                                                                       if v is not None})
+        self.generation = generation_diff(self.config)
+        self.generate_calls = 0
+        log.info("Tar LLM %s: effective generation config %s", repo_id, self.generation)
 
     def to(self, device: torch.device | str) -> "TarLLM":
         self.model.to(device)
         return self
 
-    def _input(self, prompt: str) -> Tensor:
+    def _input(self, prompt: str) -> list[int]:
         messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text + f"<im_start><S{self.scale}>", return_tensors="pt").input_ids
+        return list(self.tokenizer(text + f"<im_start><S{self.scale}>").input_ids)
 
     @torch.inference_mode()
     def __call__(self, prompts: Sequence[str], seeds: Sequence[int] | None = None) -> Tensor:
-        """prompts (one per image), the images' seeds -> codes [B, seq_len]; one seeded `generate`
-        per row (`draw_seeds`)."""
-        device = next(self.model.parameters()).device
-        rows = []
-        for prompt, draw in zip(prompts, draw_seeds(self.draws, self.seed, prompts, seeds)):
-            ids = self._input(prompt).to(device)
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(draw)
-                out = self.model.generate(ids, max_new_tokens=self.seq_len, **self.sampling)
-            text = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
-            rows.append(parse_codes(text, self.seq_len))
+        """prompts (one per image), the images' seeds -> codes [B, seq_len]; rows decode
+        `batch_size` at a time, each from its own seeded stream (`draw_seeds`)."""
+        draws = draw_seeds(self.draws, self.seed, prompts, seeds)
+        rows: list[list[int]] = []
+        for start in range(0, len(prompts), self.batch_size):
+            rows += self._decode(list(prompts[start:start + self.batch_size]), draws[start:start + self.batch_size])
         return torch.tensor(rows, dtype=torch.long)
+
+    def _decode(self, prompts: list[str], draws: list[int]) -> list[list[int]]:
+        """One left-padded `generate` of these rows -> their codes."""
+        device = next(self.model.parameters()).device
+        inputs = [self._input(p) for p in prompts]
+        width = max(len(ids) for ids in inputs)
+        pad = self.config.pad_token_id
+        pad = int(pad if pad is not None else self.tokenizer.pad_token_id or 0)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in inputs], device=device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in inputs], device=device)
+        sampler = RowSampler(self.config, draws, [width - len(x) for x in inputs], device)
+        from transformers import LogitsProcessorList
+
+        self.generate_calls += 1
+        out = self.model.generate(ids, attention_mask=mask, max_new_tokens=self.seq_len, pad_token_id=pad,
+                                  logits_processor=LogitsProcessorList([sampler]), **GREEDY)
+        texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=False)
+        return [parse_codes(text, self.seq_len) for text in texts]
+
+
+def fetched_generation(repo_id: str = "csuhan/Tar-1.5B", local_path: str | None = None,
+                       cache_dir: str | None = None, temperature: float = 1.0, top_p: float | None = None,
+                       top_k: int | None = None, **_: object) -> dict[str, object]:
+    """The effective generation config (`generation_diff`) a TarLLM of this config node samples
+    with, read from the repo's `generation_config.json` alone (fetch prints it)."""
+    from transformers import GenerationConfig
+
+    folder = snapshot(repo_id, local_path, cache_dir, ("generation_config.json",))
+    try:
+        base = GenerationConfig.from_pretrained(folder)
+    except OSError:  # no generation_config.json: transformers' defaults
+        base = GenerationConfig()
+    given = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    return generation_diff(effective_config(base, {k: v for k, v in given.items() if v is not None}))
 
 
 class TinyCodeLM:
