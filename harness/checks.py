@@ -88,6 +88,21 @@ def check_config(cfg: DictConfig) -> None:
             f"samples_dir {samples_dir} is itself a SampleSet (it holds {' and '.join(inside)}); "
             "samples_dir names the folder of per-decoder SampleSets, so pass its parent: "
             f"samples_dir={Path(samples_dir).parent}")
+    cache = _condition_cache_of(Path(samples_dir).expanduser().absolute()) if isinstance(samples_dir, str) else None
+    if cache is not None:  # its SampleSets (and a cache of its own) would land among the entries
+        raise ConfigValueError(
+            f"samples_dir {samples_dir} is inside the condition cache {cache}; samples_dir names the folder "
+            f"that holds it, so pass samples_dir={cache.parent}")
+
+
+def _condition_cache_of(folder: Path) -> Path | None:
+    """The condition cache (a `conditions/` folder holding context folders) that `folder` is or lies in."""
+    from harness.store.conditions import CONDITIONS_DIR, CONTEXT_FILE
+
+    for candidate in (folder, *folder.parents):
+        if candidate.name == CONDITIONS_DIR and candidate.is_dir() and any(candidate.glob(f"*/{CONTEXT_FILE}")):
+            return candidate
+    return None
 
 
 def _check_device_name(name: str) -> None:
