@@ -232,6 +232,70 @@ def test_geneval_official_rerun_reuses_the_export(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(result.per_sample, expected_geneval(samples)[0])
 
 
+def test_an_exported_file_changed_in_place_is_exported_again_not_scored(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The export is trusted by its own digest too: a PNG edited after export (a conversion tool,
+    disk damage) keeps its source digest in the manifest, and is still replaced by the SampleSet's."""
+    samples = sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=2)
+    geneval_repo(tmp_path)
+    evaluator = geneval_official(tmp_path)
+    evaluator.evaluate(samples)
+    exported = samples.root / "official" / "geneval_official" / "images" / "00007" / "samples" / "0001.png"
+    sample_id = "geneval-00007_01"
+    exported.write_bytes(sample_set(tmp_path / "other", GENEVAL_PROMPTS, 2, seed=5).image_path(sample_id).read_bytes())
+    assert exported.read_bytes() != samples.image_path(sample_id).read_bytes()
+    with caplog.at_level("WARNING"):
+        result = evaluator.evaluate(samples)
+    assert exported.read_bytes() == samples.image_path(sample_id).read_bytes()
+    assert any(str(exported) in r.getMessage() and "changed" in r.getMessage() for r in caplog.records)
+    pd.testing.assert_frame_equal(result.per_sample, expected_geneval(samples)[0])
+
+
+_KILL_ON_PNG = """
+import os, signal, sys
+real_replace, count, at = os.replace, [0], int(sys.argv[1])
+def replace(src, dst, *a, **k):
+    if str(dst).endswith(".png") and "official" in str(dst):
+        count[0] += 1
+        if count[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)  # the exported PNG's temporary file is written, not renamed
+    return real_replace(src, dst, *a, **k)
+os.replace = replace
+from evaluators.geneval_official import GenEvalOfficial
+from harness.store.samples import SampleSet
+root = sys.argv[2]
+GenEvalOfficial(env_python=sys.executable, repo=root + "/geneval", model_path=root + "/detector",
+                commit="standin0").evaluate(SampleSet(root + "/samples"))
+"""
+
+
+def _work_folder(root: Path) -> dict[str, bytes]:
+    """Every file of `<root>/samples/official/`, by relative path, with `root` in its bytes replaced
+    (the script's log and results name the folder they ran in; pandas' JSON escapes its slashes)."""
+    folder = root / "samples" / "official"
+    named = (str(root).encode(), str(root).replace("/", "\\/").encode())
+    return {str(p.relative_to(folder)): p.read_bytes().replace(named[0], b"<root>").replace(named[1], b"<root>")
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_geneval_official_export_killed_while_writing_resumes_to_an_uninterrupted_folder(tmp_path: Path) -> None:
+    """SIGKILL between an exported PNG's temporary file and its rename, then a rerun: the official
+    folder (export, manifest, outputs) is file for file an uninterrupted evaluation's."""
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    for root in (killed, whole):
+        sample_set(root / "samples", GENEVAL_PROMPTS, per_prompt=2)
+        geneval_repo(root)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    status = subprocess.run([sys.executable, "-c", _KILL_ON_PNG, "3", str(killed)], env=env,
+                            capture_output=True, timeout=120).returncode
+    assert status == -9
+    assert list((killed / "samples" / "official").rglob("*.tmp")), "the kill left no temporary file"
+    resumed = geneval_official(killed).evaluate(SampleSet(killed / "samples"))
+    uninterrupted = geneval_official(whole).evaluate(SampleSet(whole / "samples"))
+    assert _work_folder(killed) == _work_folder(whole)
+    pd.testing.assert_frame_equal(resumed.per_sample, uninterrupted.per_sample)
+
+
 def test_a_failing_script_is_named_with_its_last_lines_and_the_export_is_kept(tmp_path: Path) -> None:
     samples = sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=2)
     geneval_repo(tmp_path, mode="fail")
