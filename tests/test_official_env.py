@@ -136,6 +136,20 @@ GENEVAL_PROMPTS = [
 ]
 
 
+STAND_IN_DETECTOR = b"stand-in"
+
+
+@pytest.fixture(autouse=True)
+def stand_in_detector_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in checkouts carry a stand-in detector file: its sha256 is the pin here
+    (test_the_real_detector_pin_refuses_another_file checks the real one)."""
+    import hashlib
+
+    import evaluators.geneval_official as official
+
+    monkeypatch.setattr(official, "DETECTOR_SHA256", hashlib.sha256(STAND_IN_DETECTOR).hexdigest())
+
+
 def sample_set(root: Path, prompts: Sequence[Prompt], per_prompt: int, size: int = 8, seed: int = 0) -> SampleSet:
     """A SampleSet of random images (a different top-left pixel per image, mostly)."""
     samples = SampleSet(root)
@@ -155,7 +169,7 @@ def geneval_repo(root: Path, mode: str = "ok") -> Path:
     (evaluation / "summary_scores.py").write_text(GENEVAL_SUMMARY)
     (evaluation / "object_names.txt").write_text("cat\ndog\ncup\napple\n")
     (root / "detector").mkdir(exist_ok=True)
-    (root / "detector" / f"{DETECTOR}.pth").write_bytes(b"stand-in")
+    (root / "detector" / f"{DETECTOR}.pth").write_bytes(STAND_IN_DETECTOR)
     return root / "geneval"
 
 
@@ -261,12 +275,31 @@ def replace(src, dst, *a, **k):
             os.kill(os.getpid(), signal.SIGKILL)  # the exported PNG's temporary file is written, not renamed
     return real_replace(src, dst, *a, **k)
 os.replace = replace
+import hashlib
+import evaluators.geneval_official as official
 from evaluators.geneval_official import GenEvalOfficial
 from harness.store.samples import SampleSet
+official.DETECTOR_SHA256 = hashlib.sha256(b"stand-in").hexdigest()  # the stand-in checkout's detector
 root = sys.argv[2]
 GenEvalOfficial(env_python=sys.executable, repo=root + "/geneval", model_path=root + "/detector",
                 commit="standin0").evaluate(SampleSet(root + "/samples"))
 """
+
+
+def test_the_real_detector_pin_refuses_another_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GenEval's detector decides every verdict: a file in model_path without its pinned sha256 (a
+    substitute, a truncated download) is refused before generation, naming it and the refetch."""
+    import evaluators.geneval_official as official
+
+    monkeypatch.setattr(official, "DETECTOR_SHA256", "743b7d99015f1224c6d57fd4b14d04b15cc8ec72ae7ee7831e7c71d8873b7a54")
+    geneval_repo(tmp_path)
+    detector = tmp_path / "detector" / f"{DETECTOR}.pth"
+    with pytest.raises(OfficialEnvError) as refused:
+        geneval_official(tmp_path).check()
+    message = str(refused.value)
+    assert str(detector) in message and official.DETECTOR_SHA256 in message and "stages=[fetch]" in message
+    [asset] = geneval_official(tmp_path).assets()
+    assert asset.pinned.sha256 == official.DETECTOR_SHA256 and asset.pinned.url == official.DETECTOR_URL
 
 
 def _work_folder(root: Path) -> dict[str, bytes]:
