@@ -9,6 +9,7 @@ tiny sizes under those names by tests/rehearsal/site/sitecustomize.py.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
@@ -37,6 +38,7 @@ OVERRIDES = {
     ],
 }
 CODES = 512  # TA-Tok codebook of the stand-in
+STANDIN_PINS = "standin_pins.json"  # beside mirror/: url -> sha256 of the stand-in served for a pinned file
 
 
 def build(root: Path, shared_data: Path) -> None:
@@ -213,8 +215,12 @@ def _mirror(mirror: Path, shared: Path) -> None:
     place(OBJECT_NAMES.url, shared / "geneval" / "object_names.txt")
     for prompt in (shared / "dpg_bench" / "prompts").glob("*.txt"):
         place(DPG_PROMPT_URL.format(prompt.stem), prompt)
-    place(COCO_VAL2017_ZIP.url, _val2017_zip())
-    place(MMDET_CHECKPOINT.url, b"a stand-in of the mmdet checkpoint (mmdet is not installed here)")
+    standins = {COCO_VAL2017_ZIP.url: _val2017_zip(),
+                MMDET_CHECKPOINT.url: b"a stand-in of the mmdet checkpoint (mmdet is not installed here)"}
+    for url, data in standins.items():  # pinned files: the harness runs check them against these hashes
+        place(url, data)
+    pins = {url: hashlib.sha256(data).hexdigest() for url, data in standins.items()}
+    (mirror.parent / STANDIN_PINS).write_text(json.dumps(pins, indent=1))
 
 
 def _val2017_zip(count: int = 6) -> bytes:
