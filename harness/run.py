@@ -177,6 +177,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if "generate" in cfg.stages:
         built = {name: build_decoder(name, node) for name, node in decoders.items()}  # options first
         bundle = _build(cfg.model, drop=("name", "sampling"))
+        bundle.name = str(cfg.model.get("name", bundle.name))
+        _check_fits(built, bundle)
         weights = _weights_id(bundle)
         bundle = bundle.to(device)
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
@@ -269,10 +271,22 @@ def _weights_id(bundle: ModelBundle) -> str:
     return "params:" + provenance.weights_digest([bundle.target, bundle.drafter, bundle.small_drafter])
 
 
+def _check_fits(decoders: dict[str, Any], bundle: ModelBundle) -> None:
+    """ConfigValueError naming `decoder.<name>.<option>` when a decoder's options cannot fit the
+    built model (its `misfit`: a draft tree wider than the codebook or larger than the cache), before
+    any SampleSet is bound or anything generated."""
+    for name, decoder in decoders.items():
+        misfit = getattr(decoder, "misfit", None)
+        found = misfit(bundle) if callable(misfit) else None
+        if found is not None:
+            option, why = found
+            raise ConfigValueError(f"decoder.{name}.{option} {why}")
+
+
 def _check_shard_stages(cfg: DictConfig) -> None:
     """A shard job (shard.count > 1) cannot also evaluate: the other shards may still be running."""
     if cfg.shard.count > 1 and "generate" in cfg.stages and "evaluate" in cfg.stages:
-        raise ValueError(
+        raise ConfigValueError(
             f"shard {cfg.shard.index} of {cfg.shard.count}: a shard job cannot evaluate, since the "
             "other shards may not be complete. Generate with stages=[generate] and a samples_dir "
             "shared by all shards, then score the merged set once with stages=[evaluate] "

@@ -74,6 +74,21 @@ class TreeDecoder:
         """Scratch cache slots the target needs (one per tree node; harness/runtime/engine.reserve)."""
         return int(self.draft.options.nodes)
 
+    def misfit(self, models: ModelBundle) -> tuple[str, str] | None:
+        """(option, why) when the draft tree cannot fit these models, checked before anything is bound
+        or generated (harness/run.py): top_k distinct codes per node need top_k <= the image codes,
+        and the tree's nodes at most the target's cache."""
+        opts = self.draft.options
+        vocab = int(getattr(models.target, "vocab_size", 0) or 0)
+        if vocab and opts.top_k > vocab:
+            return "draft.top_k", (f"= {opts.top_k} children per node, but model {models.name!r} has {vocab} image "
+                                   f"codes; set draft.top_k <= {vocab}")
+        slots = int(getattr(models.target, "cache_len", 0) or 0)
+        if slots and self.cache_scratch > slots:
+            return "draft.total_tokens", (f"makes a tree of {self.cache_scratch} scratch cache slots, more than the "
+                                          f"{slots} slots of model {models.name!r}'s whole sequence; lower it")
+        return None
+
     @torch.inference_mode()
     def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""
