@@ -256,8 +256,10 @@ class ConditionCache:
             # a clone: a row of a batch would keep (and torch.save would write) the whole batch
             entry = _Entry(tuple(part[row].detach().to("cpu").clone() for part in parts), single, share)
             if context.signature_from is not None and signature(entry) != context.signature:
-                raise CorruptConditionError(_corrupt(context.signature_from, _shape_problem(
-                    context.signature, signature(entry), "the stage computes")))
+                why = _shape_problem(context.signature, signature(entry), "the stage computes")
+                source = context.signature_from
+                raise CorruptConditionError(_bad_context(source, why) if source.name == SHAPES_FILE
+                                            else _corrupt(source, why))
             if context.signature_from is None or context.signature_from.name != SHAPES_FILE:
                 self._write_shapes(context, signature(entry))
             context.entries[key] = entry
