@@ -196,9 +196,9 @@ def _download(pinned: Pinned, folder: Path, target: Path) -> None:
         found = mismatch(tmp, pinned)
         if found is not None:
             where = urlsplit(pinned.url)
-            fix = (f"replace the mirror's copy ({mirror()}/{where.netloc}{where.path}) with "
+            fix = (f"Replace the mirror's copy ({mirror()}/{where.netloc}{where.path}) with "
                    f"the pinned file, or unset ${MIRROR_ENV} to read the origin {pinned.url}" if mirror()
-                   else "the origin no longer serves the pinned file: download an unmodified copy elsewhere "
+                   else "The origin no longer serves the pinned file: download an unmodified copy elsewhere "
                         f"and place it at {target}")
             raise ChecksumError(f"{pinned.what or pinned.name}: the file served by {served_by(pinned.url)} has "
                                 f"{found}, not the pinned {pinned.checksum}; nothing was kept. {fix}")
