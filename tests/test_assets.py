@@ -57,9 +57,12 @@ def test_every_fetched_file_that_decides_a_score_is_pinned(tmp_path: Path) -> No
     from evaluators.geneval_official import DETECTOR, DETECTOR_SHA256, detector_pin
     from harness.datasets import official
 
+    from evaluators.hpsv2 import CHECKPOINTS, hub_pin
+
     fid_assets = FIDEvaluator(reference="coco_val2017", weights_source="torch_fidelity").assets()
     pins = [OBJECT_NAMES, MMDET_CHECKPOINT, detector_pin(tmp_path), official.COCO_CAPTIONS, official.GENEVAL_METADATA,
-            official.DPG_QUESTIONS, official.PARTI_PROMPTS_FILE, *(a.pinned for a in fid_assets)]
+            official.DPG_QUESTIONS, official.PARTI_PROMPTS_FILE, *(a.pinned for a in fid_assets),
+            *(hub_pin(name) for name in CHECKPOINTS.values())]
     assert len(fid_assets) == 2
     for pinned in pins:
         assert pinned.checksum != "unpinned", pinned.name
@@ -185,3 +188,18 @@ def test_fetch_with_the_hub_offline_says_to_unset_it(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(AssetError, match="HF_HUB_OFFLINE is set, and fetching needs the network: unset it"):
         HubFiles("a model", "org/model", ("config.json",), str(tmp_path)).entries()
+
+
+def test_hpsv2_refuses_a_hub_checkpoint_without_its_pinned_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub's HPS checkpoint decides every hpsv2 score: another file in its place (a stand-in,
+    a truncated download) is refused naming it, before any model is built."""
+    import evaluators.hpsv2 as hpsv2
+    from evaluators.clip_models import MissingModelError
+
+    substitute = tmp_path / "HPS_v2.1_compressed.pt"
+    substitute.write_bytes(b"not the checkpoint")
+    monkeypatch.setattr(hpsv2, "hf_hub_file", lambda repo, filename, local=None: substitute)
+    with pytest.raises(MissingModelError) as refused:
+        hpsv2.HPSv2Evaluator(device="cpu").load()
+    message = str(refused.value)
+    assert f"rm {substitute}" in message and hpsv2.CHECKPOINT_SHA256["HPS_v2.1_compressed.pt"] in message

@@ -51,7 +51,12 @@ def build(root: Path, shared_data: Path) -> None:
     _open_clip(hub)
     _mask2former(hub / "facebook" / "mask2former-swin-small-coco-instance")
     _blip(hub / "Salesforce" / "blip-vqa-base")
-    _mirror(root / "mirror", shared_data)
+    pins = _mirror(root / "mirror", shared_data)
+    from evaluators.hpsv2 import hub_pin
+
+    hps = hub_pin("HPS_v2.1_compressed.pt")  # the stand-in checkpoint's hash in place of the real one's
+    pins[hps.url] = hashlib.sha256((hub / "xswu" / "HPSv2" / hps.name).read_bytes()).hexdigest()
+    (root / STANDIN_PINS).write_text(json.dumps(pins, indent=1))
 
 
 def _tiny_bundle(model: str, extra: list[str]):
@@ -195,9 +200,10 @@ def _blip(repo: Path) -> None:
     processor.save_pretrained(folder)
 
 
-def _mirror(mirror: Path, shared: Path) -> None:
+def _mirror(mirror: Path, shared: Path) -> dict[str, str]:
     """The non-hub files under <host>/<path>: the real prompt files (their pins must hold), a tiny
-    val2017.zip of stand-in images and a stand-in GenEval detector checkpoint."""
+    val2017.zip of stand-in images and a stand-in GenEval detector checkpoint; returns the URL ->
+    sha256 of the stand-ins served for pinned files."""
     from evaluators.fid_reference import COCO_VAL2017_ZIP
     from evaluators.geneval_detectors import MMDET_CHECKPOINT, OBJECT_NAMES
     from harness.datasets.official import COCO_CAPTIONS, DPG_PROMPT_URL, GENEVAL_METADATA
@@ -219,8 +225,7 @@ def _mirror(mirror: Path, shared: Path) -> None:
                 MMDET_CHECKPOINT.url: b"a stand-in of the mmdet checkpoint (mmdet is not installed here)"}
     for url, data in standins.items():  # pinned files: the harness runs check them against these hashes
         place(url, data)
-    pins = {url: hashlib.sha256(data).hexdigest() for url, data in standins.items()}
-    (mirror.parent / STANDIN_PINS).write_text(json.dumps(pins, indent=1))
+    return {url: hashlib.sha256(data).hexdigest() for url, data in standins.items()}
 
 
 def _val2017_zip(count: int = 6) -> bytes:
