@@ -173,7 +173,11 @@ def fetch(pinned: Pinned, cache_dir: Path | None = None) -> Path:
         _download(pinned, folder, target)
     except FileNotFoundError:  # a concurrent fetch removed our temporary file: use its copy, or again
         if not target.is_file():
-            _download(pinned, folder, target)
+            try:
+                _download(pinned, folder, target)
+            except FileNotFoundError as err:
+                raise DownloadError(_offline_fix(pinned, mirrored(pinned.url), target,
+                                                 "its temporary file was removed twice by concurrent fetches")) from err
     verify(target, pinned)
     return target
 
