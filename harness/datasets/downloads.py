@@ -141,8 +141,8 @@ def verify(path: Path, pinned: Pinned) -> None:
     found = mismatch(path, pinned)
     if found is not None:
         raise ChecksumError(
-            f"{path} ({pinned.what or pinned.name}) has {found}, expected {pinned.checksum}: it is not "
-            f"the pinned file. Delete it (rm {path}) and let the harness download {pinned.url}, or give "
+            f"{path} ({pinned.what or pinned.name}) has {found}, expected {pinned.checksum.split(':', 1)[1]}: it "
+            f"is not the pinned file. Delete it (rm {path}) and let the harness download {pinned.url}, or give "
             "the path of an unmodified copy."
         )
 
