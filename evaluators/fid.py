@@ -244,14 +244,15 @@ class FIDEvaluator:
         from harness.assets.asset import UrlFile
         from harness.datasets.downloads import Pinned
 
-        from evaluators.fid_features import TFID_WEIGHTS_FILE, TFID_WEIGHTS_URL
+        from evaluators.fid_features import TFID_WEIGHTS_FILE, TFID_WEIGHTS_SHA256, TFID_WEIGHTS_URL
         from evaluators.fid_reference import COCO_VAL2017_ZIP
 
         found = []
         if self.reference == "coco_val2017" and not self.reference_path:
             found.append(UrlFile("FID reference images", COCO_VAL2017_ZIP))
         if self.weights.path is None and not self.weights.fid_helper:
-            weights = Pinned(name=TFID_WEIGHTS_FILE, url=TFID_WEIGHTS_URL, what="Inception weights (torch-fidelity)")
+            weights = Pinned(name=TFID_WEIGHTS_FILE, url=TFID_WEIGHTS_URL, sha256=TFID_WEIGHTS_SHA256,
+                             what="Inception weights (torch-fidelity)")
             found.append(UrlFile("FID Inception weights", weights, str(Path(torch.hub.get_dir()) / "checkpoints")))
         return found
 

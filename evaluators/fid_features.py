@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 TFID_WEIGHTS_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
                     "weights-inception-2015-12-05-6726825d.pth")
 TFID_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
+# sha256 of that file (95,628,359 bytes; the 8 digits in its name are its prefix, as torch.hub names
+# files): the Git LFS oid of the same weights on the Hugging Face Hub (pt_inception-2015-12-05-6726825d.pth,
+# RaphaelLiu/EvalCrafter-Models @6040b4d)
+TFID_WEIGHTS_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"
 FID_HELPER_FILE = "default_1.pt"
 FID_HELPER_SHA256 = "7ff4a85c3a6378f0dfc8433ffd789663b01176bec0a683a435651739c091fa34"
 SOURCES = ("torch_fidelity", "fid_helper", "file", "auto")
@@ -163,6 +167,7 @@ def choose_weights(source: str = "auto", path: str | Path | None = None) -> Weig
     if source == "auto":
         cached = torch_fidelity_cached()
         if cached is not None:
+            _check_pinned(cached)
             return WeightsChoice(cached, "inception-tfid-6726825d")
         if fid_helper_file() is not None:
             source = "fid_helper"
@@ -172,7 +177,19 @@ def choose_weights(source: str = "auto", path: str | Path | None = None) -> Weig
         if fid_helper_file() is None:
             raise MissingWeightsError(_missing_message())
         return WeightsChoice(None, f"inception-fidhelper-{FID_HELPER_SHA256[:8]}", fid_helper=True)
-    return WeightsChoice(torch_fidelity_cached(), "inception-tfid-6726825d")
+    cached = torch_fidelity_cached()
+    if cached is not None:
+        _check_pinned(cached)
+    return WeightsChoice(cached, "inception-tfid-6726825d")
+
+
+def _check_pinned(path: Path) -> None:
+    """MissingWeightsError unless torch-fidelity's cached file has its pinned sha256."""
+    found = sha256_file(path)
+    if found != TFID_WEIGHTS_SHA256:
+        raise MissingWeightsError(f"{path} has sha256 {found}, not the pinned {TFID_WEIGHTS_SHA256} of torch-fidelity's "
+                                  f"Inception weights (damaged, truncated or substituted); delete it (rm {path}) and "
+                                  "fetch it again with stages=[fetch]")
 
 
 # torch-fidelity's InceptionV3 submodules in the order its forward applies them, from the first

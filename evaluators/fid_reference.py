@@ -27,8 +27,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 KINDS = ("coco_val2017", "folder", "shapes")
 COCO_VAL2017_ZIP = Pinned(
     name="val2017.zip", url="http://images.cocodataset.org/zips/val2017.zip",
+    md5="442b8da7639aecaf257c1dceb8ba8c80",  # the md5 the download scripts of COCO users publish
     what="COCO 2017 val images (5,000 JPEGs, about 780 MB)",
-)  # no published checksum: the zip's member CRCs make up the fingerprint instead
+)  # no sha256 is published; the zip's member CRCs make up the fingerprint
 COCO_VAL2017_IMAGES = 5000
 
 

@@ -31,7 +31,9 @@ MMDET_CONFIG = "mask2former/mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco.py"
 MMDET_WEIGHTS = ("https://download.openmmlab.com/mmdetection/v3.0/mask2former/"
                  "mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco/"
                  "mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco_20220504_001756-c9d0c4f2.pth")
-MMDET_CHECKPOINT = Pinned(name=MMDET_WEIGHTS.rsplit("/", 1)[1], url=MMDET_WEIGHTS,
+# Pinned by the sha256 prefix OpenMMLab puts in the file name (its publish_model convention): no
+# full sha256 of this conversion is published where it could be read.
+MMDET_CHECKPOINT = Pinned(name=MMDET_WEIGHTS.rsplit("/", 1)[1], url=MMDET_WEIGHTS, sha256_prefix="c9d0c4f2",
                           what="GenEval's Mask2Former Swin-S (mmdet v3.0 conversion)")
 # HF repo files the transformers backend reads (config, image processor, safetensors weights)
 HF_FILES = ("config.json", "preprocessor_config.json", "model.safetensors")

@@ -36,7 +36,7 @@ from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, Official
                                      fresh, given, open_env, run_script, sync_export, text_digest,
                                      unset_keys, work_dir)
 from harness.api import EvalResult
-from harness.datasets.downloads import sha256_file
+from harness.datasets.downloads import Pinned, mismatch, sha256_file
 from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,9 @@ DETECTOR = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"  # evaluate_images.py
 # where evaluation/download_models.sh @af4902f fetches the detector from (saved as <model_path>/<DETECTOR>.pth)
 DETECTOR_URL = ("https://download.openmmlab.com/mmdetection/v2.0/mask2former/" + DETECTOR + "/"
                 "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth")
+# sha256 of that file (275,630,991 bytes): its Git LFS oid on the Hugging Face Hub (Pfei111/mask2former
+# @8dd314f, the same file name), whose first 8 digits are the ones OpenMMLab puts in the file name
+DETECTOR_SHA256 = "743b7d99015f1224c6d57fd4b14d04b15cc8ec72ae7ee7831e7c71d8873b7a54"
 IMAGES = "images"
 RESULTS = "results.jsonl"
 SUMMARY_OUTPUT = "summary_scores.txt"
@@ -105,17 +108,22 @@ class GenEvalOfficial:
             raise OfficialEnvError(f"{self.key}.model_path={detector.parent} has no {detector.name}; fetch it with "
                                    f"stages=[fetch] or `bash {env.script('evaluation/download_models.sh')} "
                                    f"{detector.parent}` ({RECIPE})")
+        if "model" not in self.options:  # the default detector decides every verdict: its pinned bytes
+            found = mismatch(detector, detector_pin(detector.parent))
+            if found is not None:
+                raise OfficialEnvError(f"{self.key}: {detector} has {found}, not the pinned sha256 {DETECTOR_SHA256} "
+                                       f"of GenEval's detector (a damaged, truncated or substituted file); delete "
+                                       f"it (rm {detector}) and fetch it again with stages=[fetch]")
 
     def assets(self) -> list:
         """What `stages=[fetch]` brings for the official script (harness/assets): its detector, into
         `model_path` under the name download_models.sh gives it (the default detector only)."""
         from harness.assets.asset import UrlFile
-        from harness.datasets.downloads import Pinned
 
         if self.paths["model_path"] is None or "model" in self.options:
             return []
-        pinned = Pinned(name=f"{DETECTOR}.pth", url=DETECTOR_URL, what="GenEval's detector (mmdet 2.x)")
-        return [UrlFile("evaluator geneval_official", pinned, str(Path(str(self.paths["model_path"])).expanduser()))]
+        folder = Path(str(self.paths["model_path"])).expanduser()
+        return [UrlFile("evaluator geneval_official", detector_pin(folder), str(folder))]
 
     def _open(self) -> OfficialEnv:
         """The checked environment; OfficialEnvError naming the option that is wrong and the fix."""
@@ -187,6 +195,12 @@ def official_layout(prompt_ids: Sequence[str], image_indices: Sequence[int]) -> 
     else:
         index = {p: i for i, p in enumerate(distinct)}
     return [f"{index[p]:05d}/samples/{int(i):04d}.png" for p, i in zip(prompt_ids, image_indices, strict=True)]
+
+
+def detector_pin(folder: Path) -> Pinned:
+    """GenEval's default detector as download_models.sh saves it in `folder`, pinned by its sha256."""
+    return Pinned(name=f"{DETECTOR}.pth", url=DETECTOR_URL, sha256=DETECTOR_SHA256,
+                  what=f"GenEval's detector (mmdet 2.x) in {folder}")
 
 
 def export_items(samples: SampleSet, sample_ids: Sequence[str], places: Sequence[str],

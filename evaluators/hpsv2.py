@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
-
-from evaluators.clip_models import create_open_clip, hf_hub_file, resize_max_size, resolve_device
+from evaluators.clip_models import MissingModelError, create_open_clip, hf_hub_file, resize_max_size, resolve_device
 from evaluators.image_text_score import mean_rows, score_samples
 from harness.api import EvalResult
+from harness.datasets.downloads import Pinned, mismatch
 from harness.store.samples import SampleSet
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,24 @@ log = logging.getLogger(__name__)
 VERSION = "1"
 HUB_REPO = "xswu/HPSv2"
 CHECKPOINTS = {"v2.1": "HPS_v2.1_compressed.pt", "v2.0": "HPS_v2_compressed.pt"}
+# sha256 of each hub checkpoint: their Git LFS oids in xswu/HPSv2 @697403c (the commit that added them)
+CHECKPOINT_SHA256 = {"HPS_v2.1_compressed.pt": "c57a38fb4a2f7e7c15bf00da2ea377cdf165448b4dd1052a484c215a998c9837",
+                     "HPS_v2_compressed.pt": "07cb0d20626232204ca3a6ec53ff5984e7e53212a8a7b0e0ec2bac1bdaf125a1"}
+
+
+def hub_pin(filename: str) -> Pinned:
+    """The pin of an HPS checkpoint of the hub repo (its resolve URL and sha256)."""
+    return Pinned(name=filename, url=f"https://huggingface.co/{HUB_REPO}/resolve/main/{filename}",
+                  sha256=CHECKPOINT_SHA256[filename], what=f"HPSv2 checkpoint {filename}")
+
+
+def check_pinned(path: Path, pinned: Pinned) -> None:
+    """MissingModelError naming `path` unless it has the pinned hash (a damaged or substituted file)."""
+    found = mismatch(path, pinned)
+    if found is not None:
+        raise MissingModelError(f"{path} ({pinned.what}) has {found}, not the pinned {pinned.checksum} (damaged, "
+                                f"truncated or substituted); delete it (rm {path}) and fetch it again with "
+                                "stages=[fetch]")
 
 
 class HPSv2Evaluator:
@@ -66,6 +85,8 @@ class HPSv2Evaluator:
         """(model, tokenizer, preprocess, weights tag), loaded once."""
         if self._model is None:
             path = hf_hub_file(HUB_REPO, CHECKPOINTS[self.hps_version], self.checkpoint)
+            if self.checkpoint is None:  # the hub's file decides every score: its pinned bytes
+                check_pinned(path, hub_pin(CHECKPOINTS[self.hps_version]))
             model, tokenizer, _, tag = create_open_clip(self.arch, pretrained=None, checkpoint=path, device=self.device)
             self._model = (model, tokenizer, resize_max_size, tag)
         return self._model

@@ -7,8 +7,11 @@ SampleSet in the official folder layout, run the official script with the `env_p
 environment built for it (docs/evaluators.md), and read its output back into the evaluator's rows.
 
 Everything lives under `<SampleSet root>/official/<evaluator name>/`: the export, its manifest
-`export.json` (exported file -> digest of what it was made from), the script's output files and its
-log (stdout and stderr). A rerun exports only what changed; a failed run keeps the export.
+`export.json` (exported file -> digest of what it was made from and sha256 of the file written), the
+script's output files and its log (stdout and stderr). A rerun exports only what changed, and
+reuses an exported file only when its own bytes still have the sha256 recorded (a file changed in
+place is exported again, with a warning); a failed run keeps the export. Temporary files a killed
+export left behind are removed by the next one, so the folder ends as an uninterrupted export's.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from harness.api import InputError
+from harness.datasets.downloads import sha256_file
 from harness.store.samples import write_atomic
 
 log = logging.getLogger(__name__)
@@ -31,6 +35,7 @@ OFFICIAL_DIR = "official"
 MANIFEST = "export.json"
 TAIL_LINES = 20
 _TAIL_CHARS = 300  # per line of the tail quoted in an error
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # write_atomic's temporary files
 _UNSET = "???"  # a value the config file leaves open; check_config refuses it in a run
 # Variables of the harness's own environment that would make another Python import the harness's
 # packages (or none of its own): removed from the script's environment.
@@ -223,28 +228,50 @@ def sync_export(folder: Path, items: Mapping[str, ExportItem], manifest_path: Pa
     """Make `folder` hold exactly `items` (POSIX path relative to `folder` -> item); return how many
     files were written.
 
-    A file is written only when it is missing or the manifest (kept outside `folder`, which the
-    official scripts list) records another digest for it; files the manifest lists that `items` no
-    longer has are deleted (files it does not list are left alone). The manifest is rewritten at the
-    end, so a killed export is finished by the next one.
+    A file is reused only when the manifest (kept outside `folder`, which the official scripts list)
+    records the item's digest for it and the file still has the sha256 recorded when it was written;
+    otherwise it is written (again). Files the manifest lists that `items` no longer has are
+    deleted (files it does not list are left alone), as are temporary files a killed export left.
+    The manifest is rewritten at the end, so a killed export is finished by the next one.
     """
+    _remove_temp_files(folder)
+    _remove_temp_files(manifest_path.parent, recursive=False)
     known = _read_manifest(manifest_path)
     written = 0
+    files: dict[str, str] = {}  # relative path -> sha256 of the file exported there
     for relative, item in items.items():
         path = folder / relative
-        if known.get(relative) == item.digest and path.is_file():
-            continue
+        entry = known.get(relative)
+        if entry is not None and entry["from"] == item.digest and path.is_file():
+            found = sha256_file(path)
+            if found == entry["sha256"]:
+                files[relative] = found
+                continue
+            log.warning("exported file %s was changed after it was exported (sha256 %s, exported as %s); "
+                        "exporting it again", path, found, entry["sha256"])
+        data = item.content()
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, item.content())
+        write_atomic(path, data)
+        files[relative] = hashlib.sha256(data).hexdigest()
         written += 1
     for stale in sorted(set(known) - set(items)):
         (folder / stale).unlink(missing_ok=True)
         _remove_empty_parents(folder, folder / stale)
-    if written or set(known) != set(items):
-        manifest = {relative: item.digest for relative, item in sorted(items.items())}
+    manifest = {relative: {"from": item.digest, "sha256": files[relative]} for relative, item in sorted(items.items())}
+    if manifest != known:
         write_atomic(manifest_path, json.dumps(manifest, indent=1).encode("utf-8"))
     log.info("%s: %d of %d exported files written, %d reused", folder, written, len(items), len(items) - written)
     return written
+
+
+def _remove_temp_files(folder: Path, recursive: bool = True) -> None:
+    """Delete the temporary files (write_atomic's `.<name>.<hex>.tmp`) that a killed writer left in
+    `folder` (and its subfolders when `recursive`)."""
+    if not folder.is_dir():
+        return
+    for path in (folder.rglob(".*.tmp") if recursive else folder.glob(".*.tmp")):
+        if _TEMP_NAME.match(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
 
 
 def _remove_empty_parents(folder: Path, path: Path) -> None:
@@ -259,8 +286,9 @@ def _remove_empty_parents(folder: Path, path: Path) -> None:
         parent = parent.parent
 
 
-def _read_manifest(path: Path) -> dict[str, str]:
-    """The manifest's path -> digest map; empty (everything exported again) when absent or unreadable."""
+def _read_manifest(path: Path) -> dict[str, dict[str, str]]:
+    """The manifest's path -> {"from": digest of the source, "sha256": of the exported file}; empty
+    (everything exported again) when absent, unreadable or of another format."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -268,8 +296,10 @@ def _read_manifest(path: Path) -> dict[str, str]:
     except (OSError, ValueError) as exc:
         log.warning("export manifest %s is unreadable (%s); exporting everything again", path, exc)
         return {}
-    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        log.warning("export manifest %s is not a path -> digest map; exporting everything again", path)
+    if not isinstance(data, dict) or not all(
+            isinstance(v, dict) and set(v) == {"from", "sha256"} and all(isinstance(x, str) for x in v.values())
+            for v in data.values()):
+        log.warning("export manifest %s is not a path -> {from, sha256} map; exporting everything again", path)
         return {}
     return data
 

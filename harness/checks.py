@@ -79,6 +79,7 @@ def check_config(cfg: DictConfig) -> None:
     if not isinstance(cfg.get("report", True), bool):
         raise ConfigValueError(f"report must be true or false, got {cfg.report!r}")
     _check_swept_keys(cfg)
+    check_operating_points(cfg)
     samples_dir = cfg.get("samples_dir")
     if samples_dir is not None and (not isinstance(samples_dir, str) or Path(samples_dir).is_file()):
         raise ConfigValueError(f"samples_dir {samples_dir!r} is not a folder; point it at a folder "
@@ -89,6 +90,71 @@ def check_config(cfg: DictConfig) -> None:
             f"samples_dir {samples_dir} is itself a SampleSet (it holds {' and '.join(inside)}); "
             "samples_dir names the folder of per-decoder SampleSets, so pass its parent: "
             f"samples_dir={Path(samples_dir).parent}")
+    cache = _condition_cache_of(Path(samples_dir).expanduser().absolute()) if isinstance(samples_dir, str) else None
+    if cache is not None:  # its SampleSets (and a cache of its own) would land among the entries
+        raise ConfigValueError(
+            f"samples_dir {samples_dir} is inside the condition cache {cache}; samples_dir names the folder "
+            f"that holds it, so pass samples_dir={cache.parent}")
+
+
+_OPERATING_POINT_READ = re.compile(r"oc\.select:model\.operating_points\.([A-Za-z0-9_.]+)")
+
+
+def check_operating_points(cfg: DictConfig) -> None:
+    """ConfigValueError for a key under `model.operating_points` that no decoder config reads (a
+    misspelt key, or a decoder name that does not exist): it would apply to nothing, while run.json
+    shows it among the model's settings. The keys read are those the decoder configs select with
+    `${oc.select:model.operating_points.<decoder>.<key>,...}` (the config group's files and the
+    job's decoder nodes)."""
+    points = cfg.model.get("operating_points") if isinstance(cfg.get("model"), DictConfig) else None
+    if points is None:
+        return
+    if not isinstance(points, DictConfig):
+        raise ConfigValueError(f"model.operating_points must be a mapping of decoder name -> its settings, got "
+                               f"{points!r}")
+    read = _operating_point_reads(cfg)
+    for decoder, node in points.items():
+        mine = sorted(path.split(".", 1)[1] for path in read if path.startswith(f"{decoder}.") and "." in path)
+        if not mine:
+            readers = sorted({path.split(".", 1)[0] for path in read})
+            raise ConfigValueError(f"model.operating_points.{decoder}: no decoder config reads an operating point of "
+                                   f"{decoder!r} (those that do: {', '.join(readers) or 'none'}); fix the decoder "
+                                   f"name or remove it (~model.operating_points.{decoder})")
+        for leaf in _leaves(OmegaConf.to_container(node, resolve=False)):
+            if not any(leaf == key or leaf.startswith(f"{key}.") for key in mine):
+                close = difflib.get_close_matches(leaf, mine, n=1)
+                hint = f" (did you mean {decoder}.{close[0]}?)" if close else ""
+                raise ConfigValueError(f"model.operating_points.{decoder}.{leaf} is read by no decoder config, so it "
+                                       f"would not apply{hint}; decoder {decoder} reads "
+                                       f"{', '.join(mine)}. Fix the key or remove it")
+
+
+def _operating_point_reads(cfg: DictConfig) -> set[str]:
+    """Every `<decoder>.<key>` path below model.operating_points that a decoder config reads."""
+    from harness.__main__ import config_dir
+
+    texts = [path.read_text(encoding="utf-8") for path in sorted((config_dir() / "decoder").glob("*.yaml"))]
+    decoders = cfg.get("decoder")
+    if isinstance(decoders, DictConfig):
+        texts.append(str(OmegaConf.to_container(decoders, resolve=False)))
+    return {match.rstrip(".") for text in texts for match in _OPERATING_POINT_READ.findall(text)}
+
+
+def _leaves(tree: Any, prefix: str = "") -> list[str]:
+    """The dotted paths of the leaves of a nested mapping (an empty mapping is a leaf)."""
+    if not isinstance(tree, dict) or not tree:
+        return [prefix.rstrip(".")] if prefix else []
+    return [leaf for key, value in tree.items() for leaf in _leaves(value, f"{prefix}{key}.")]
+
+
+def _condition_cache_of(folder: Path) -> Path | None:
+    """The condition cache (a `conditions/` folder holding context folders) that `folder` is or lies in."""
+    from harness.store.conditions import CONDITIONS_DIR, CONTEXT_FILE
+
+    for candidate in (folder, *folder.parents):
+        if candidate.name == CONDITIONS_DIR and candidate.is_dir() and any(candidate.glob(f"*/{CONTEXT_FILE}")):
+            return candidate
+    return None
 
 
 def check_published_protocol(cfg: DictConfig) -> None:

@@ -74,10 +74,31 @@ def updated(node: Any, where: str = "") -> None:
         if key == TARGET and isinstance(node, DictConfig) and not child._is_interpolation():
             old = node[key]
             if isinstance(old, str) and current(old) != old:
+                _check_exists(full, old, current(old))
                 node[key] = current(old)
                 _warn(full, old, current(old))
         elif isinstance(child, (DictConfig, ListConfig)):
             updated(child, full)
+
+
+def _check_exists(key: str, old: str, new: str) -> None:
+    """ConfigValueError when the moved module has no attribute of that name: the config names a
+    class that exists under neither path, and neither a "moved" warning nor an error naming the new
+    path (which the user never wrote) would say so."""
+    import importlib
+
+    from harness.api import ConfigValueError  # local: keep this module free of heavy imports
+
+    module, _, name = new.rpartition(".")
+    try:
+        found = importlib.import_module(module)
+    except ImportError:  # a module that does not import here fails at instantiation with its own error
+        return
+    if not hasattr(found, name):
+        old_module = old.rpartition(".")[0]
+        raise ConfigValueError(f"{key}={old}: module {old_module} (now {module}) has no {name!r}; check the "
+                               f"class name and write its current path, {module}.<name> (docs/extending.md, "
+                               "'Moved paths')")
 
 
 def _warn(key: str, old: str, new: str) -> None:

@@ -62,9 +62,15 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why
 
 
+# part -> the model key whose null removes a part its `provides` lists (a random Janus-Pro stack
+# builds its small drafter from `small_arch`)
+REMOVED_BY = {"small_drafter": "small_arch"}
+
+
 def model_parts(model: DictConfig) -> set[str]:
     """The bundle parts (PARTS) a model config provides, without loading it."""
-    listed = set(model.get("provides") or [])
+    listed = {part for part in (model.get("provides") or [])
+              if not (part in REMOVED_BY and REMOVED_BY[part] in model and model.get(REMOVED_BY[part]) is None)}
     parts = set()
     for part in PARTS:
         flag, file = model.get(part), model.get(f"{part}_file")
@@ -85,6 +91,10 @@ def _part_keys(part: str, model: DictConfig) -> str:
     """The model keys that provide `part`: its file, or for whole-repo models (Lumina-mGPT) its repo and size."""
     if f"{part}_repo" in model and f"{part}_size" in model:
         return f"model.{part}_repo and model.{part}_size"
+    if part in REMOVED_BY and REMOVED_BY[part] in model and model.get(REMOVED_BY[part]) is None:
+        return f"model.{REMOVED_BY[part]} (null removes the {part})"
+    if f"{part}_repo" in model:
+        return f"model.{part}_repo"
     return f"model.{part}_file"
 
 

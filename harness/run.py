@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if "generate" in cfg.stages:
         built = {name: build_decoder(name, node) for name, node in decoders.items()}  # options first
         bundle = _build(cfg.model, drop=("name", "sampling"))
+        bundle.name = str(cfg.model.get("name", bundle.name))
+        _check_fits(built, bundle, 2 * max(int(cfg.batch_size), int(timing.batch_size or 0)), device)
         weights = _weights_id(bundle)
         bundle = bundle.to(device)
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
@@ -285,10 +288,33 @@ def shard_timing(timing: Timing, index: int, count: int) -> Timing:
     return timing
 
 
+def _check_fits(decoders: dict[str, Any], bundle: ModelBundle, rows: int, device: torch.device) -> None:
+    """ConfigValueError naming `decoder.<name>.<option>` when a decoder's options cannot fit the
+    built model (its `misfit`: a draft tree wider than the codebook, or too large for the device's
+    memory at `rows` rows), before any SampleSet is bound or anything generated."""
+    memory = _device_memory(device)
+    for name, decoder in decoders.items():
+        misfit = getattr(decoder, "misfit", None)
+        found = misfit(bundle, rows, memory) if callable(misfit) else None
+        if found is not None:
+            option, why = found
+            raise ConfigValueError(f"decoder.{name}.{option} {why}")
+
+
+def _device_memory(device: torch.device) -> int:
+    """Bytes of memory of `device`: the GPU's total, else the host's physical memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound
+        return 1 << 62
+
+
 def _check_shard_stages(cfg: DictConfig) -> None:
     """A shard job (shard.count > 1) cannot also evaluate: the other shards may still be running."""
     if cfg.shard.count > 1 and "generate" in cfg.stages and "evaluate" in cfg.stages:
-        raise ValueError(
+        raise ConfigValueError(
             f"shard {cfg.shard.index} of {cfg.shard.count}: a shard job cannot evaluate, since the "
             "other shards may not be complete. Generate with stages=[generate] and a samples_dir "
             "shared by all shards, then score the merged set once with stages=[evaluate] "

@@ -40,7 +40,8 @@ def write_summary(run_dir: Path, rows: list[dict], swept: bool = False) -> Path:
     for r in rows:
         lines.append(",".join("" if r[c] is None else str(r[c]) for c in columns))
     (run_dir / "summary.csv").write_text("\n".join(lines) + "\n")
-    (run_dir / "run.json").write_text(json.dumps({"config": {"samples_dir": None}}))
+    (run_dir / "run.json").write_text(json.dumps({"config": {"samples_dir": None},
+                                                  "extra": {"summary_rows": len(rows)}}))
     return run_dir
 
 

@@ -11,7 +11,7 @@ import pytest
 from harness.assets import mirror
 from harness.assets.asset import AssetError, HubFiles, UrlFile
 from harness.assets.fetching import fetch_assets, offline_missing, table
-from harness.datasets.downloads import DownloadError, Pinned, fetch
+from harness.datasets.downloads import ChecksumError, DownloadError, Pinned, fetch, verify
 from tests.rehearsal.hub import serve
 
 URL = "https://raw.example.org/org/repo/abc123/data/file.txt"
@@ -39,8 +39,92 @@ def test_pinned_download_through_a_folder_mirror_keeps_the_pin(monkeypatch: pyte
     monkeypatch.setenv(mirror.MIRROR_ENV, str(tmp_path / "mirror"))
     assert fetch(pinned, tmp_path / "cache").read_bytes() == b"hello"
     (tmp_path / "mirror" / "raw.example.org" / "org" / "repo" / "abc123" / "data" / "file.txt").write_bytes(b"evil")
-    with pytest.raises(Exception, match="is not the pinned file"):  # a mirror cannot substitute it
+    with pytest.raises(ChecksumError) as refused:  # a mirror cannot substitute it
         fetch(pinned, tmp_path / "other")
+    message = str(refused.value)
+    # the mirror and its variable named, the pin given, no temporary file (already deleted) named
+    assert str(tmp_path / "mirror") in message and mirror.MIRROR_ENV in message and pinned.sha256 in message
+    assert ".tmp" not in message and "nothing was kept" in message
+    assert not list((tmp_path / "other").iterdir())
+
+
+def test_every_fetched_file_that_decides_a_score_is_pinned(tmp_path: Path) -> None:
+    """GenEval's detectors, FID's Inception weights and reference zip, and the prompt and question
+    files: each has a hash the download is checked against (a prefix pin only where the publisher
+    gives no more, and then the digits its file name carries)."""
+    from evaluators.fid import FIDEvaluator
+    from evaluators.geneval_detectors import MMDET_CHECKPOINT, OBJECT_NAMES
+    from evaluators.geneval_official import DETECTOR, DETECTOR_SHA256, detector_pin
+    from harness.datasets import official
+
+    from evaluators.hpsv2 import CHECKPOINTS, hub_pin
+
+    fid_assets = FIDEvaluator(reference="coco_val2017", weights_source="torch_fidelity").assets()
+    pins = [OBJECT_NAMES, MMDET_CHECKPOINT, detector_pin(tmp_path), official.COCO_CAPTIONS, official.GENEVAL_METADATA,
+            official.DPG_QUESTIONS, official.PARTI_PROMPTS_FILE, *(a.pinned for a in fid_assets),
+            *(hub_pin(name) for name in CHECKPOINTS.values())]
+    assert len(fid_assets) == 2
+    for pinned in pins:
+        assert pinned.checksum != "unpinned", pinned.name
+        if pinned.sha256_prefix:
+            assert pinned.name.rsplit("-", 1)[1].startswith(pinned.sha256_prefix), pinned.name
+    assert detector_pin(tmp_path).name == f"{DETECTOR}.pth" and DETECTOR_SHA256.startswith("743b7d99")
+
+
+def test_prefix_and_md5_pins_check_the_file(tmp_path: Path) -> None:
+    data = b"weights"
+    path = tmp_path / "w.pth"
+    path.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    verify(path, Pinned(name="w.pth", url=URL, sha256_prefix=digest[:8]))
+    verify(path, Pinned(name="w.pth", url=URL, md5=hashlib.md5(data).hexdigest()))
+    for wrong in (Pinned(name="w.pth", url=URL, sha256_prefix="00000000"), Pinned(name="w.pth", url=URL, md5="0" * 32)):
+        with pytest.raises(ChecksumError, match=f"rm {path}"):
+            verify(path, wrong)
+
+
+def test_a_killed_download_leaves_the_cache_as_an_uninterrupted_one(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """The temporary file of a download killed before its rename is removed by the next fetch."""
+    pinned = _served(tmp_path, b"hello")
+    monkeypatch.setenv(mirror.MIRROR_ENV, str(tmp_path / "mirror"))
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    killed.mkdir()
+    (killed / ".file.txt.0123456789ab.tmp").write_bytes(b"hel")  # what SIGKILL leaves mid-download
+    (killed / ".other.txt.0123456789ab.tmp").write_bytes(b"x")  # another file's download: not ours to remove
+    fetch(pinned, killed)
+    fetch(pinned, whole)
+    assert sorted(p.name for p in killed.iterdir()) == [".other.txt.0123456789ab.tmp", "file.txt"]
+    assert (killed / "file.txt").read_bytes() == (whole / "file.txt").read_bytes()
+
+
+def test_a_damaged_cached_checkpoint_says_delete_and_fetch_again(tmp_path: Path) -> None:
+    """A truncated .pth is not met with trust_pickle (which cannot help); a truncated safetensors
+    file is named. A checkpoint holding other objects still names trust_pickle."""
+    import pathlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    from harness.models.eagle_head import has_head_metadata
+    from harness.models.hub import WeightsError, read_checkpoint
+
+    pth, safe = tmp_path / "model.pth", tmp_path / "head.safetensors"
+    torch.save({"w": torch.ones(64, 64)}, pth)
+    save_file({"w": torch.ones(64, 64)}, str(safe))
+    for path in (pth, safe):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        with pytest.raises(WeightsError) as refused:
+            read_checkpoint(path)
+        message = str(refused.value)
+        assert str(path) in message and f"rm {path}" in message and "fetch it again" in message
+        assert "trust_pickle" not in message
+    with pytest.raises(WeightsError, match=f"rm {safe}"):
+        has_head_metadata(safe)
+    odd = tmp_path / "odd.pth"
+    torch.save({"w": torch.ones(2), "path": pathlib.PurePosixPath("x")}, odd)
+    with pytest.raises(WeightsError, match="trust_pickle: true"):
+        read_checkpoint(odd)
 
 
 def test_dropped_connection_is_a_download_error_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch,
@@ -104,3 +188,18 @@ def test_fetch_with_the_hub_offline_says_to_unset_it(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(AssetError, match="HF_HUB_OFFLINE is set, and fetching needs the network: unset it"):
         HubFiles("a model", "org/model", ("config.json",), str(tmp_path)).entries()
+
+
+def test_hpsv2_refuses_a_hub_checkpoint_without_its_pinned_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub's HPS checkpoint decides every hpsv2 score: another file in its place (a stand-in,
+    a truncated download) is refused naming it, before any model is built."""
+    import evaluators.hpsv2 as hpsv2
+    from evaluators.clip_models import MissingModelError
+
+    substitute = tmp_path / "HPS_v2.1_compressed.pt"
+    substitute.write_bytes(b"not the checkpoint")
+    monkeypatch.setattr(hpsv2, "hf_hub_file", lambda repo, filename, local=None: substitute)
+    with pytest.raises(MissingModelError) as refused:
+        hpsv2.HPSv2Evaluator(device="cpu").load()
+    message = str(refused.value)
+    assert f"rm {substitute}" in message and hpsv2.CHECKPOINT_SHA256["HPS_v2.1_compressed.pt"] in message

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -107,6 +108,49 @@ def test_bad_config_value(
         assert word in err, (word, err)
     assert err.count("\n") == 1, "one line"
     assert not list((tmp_path / "run").rglob("*.png")), "nothing may be generated"
+
+
+# Results that misled or refusals that did not say what to do (issue 57): (overrides, words)
+UNCLEAR_CASES = [
+    # an operating point no decoder config reads would apply to nothing, while run.json shows it
+    (["+model.operating_points.mulo_sd.accept.kk=3"],
+     ["model.operating_points.mulo_sd.accept.kk", "did you mean mulo_sd.accept.k", "Fix the key or remove it"]),
+    (["+model.operating_points.mulo_sd.draft.windw=3"], ["model.operating_points.mulo_sd.draft.windw", "draft.window"]),
+    (["+model.operating_points.mulo.accept.k=3"],
+     ["model.operating_points.mulo:", "lantern, mulo_sd", "~model.operating_points.mulo"]),
+    # field-decoder trees that cannot fit the model: refused at build, naming the option
+    (["decoder=[sjd_pac]", "decoder.sjd_pac.tree_width=100000"],
+     ["decoder.sjd_pac.tree_width", "image codes", "tree_width <="]),
+    (["decoder=[sjd_pac]", "decoder.sjd_pac.tree_width=8", "decoder.sjd_pac.tree_depth=30"],
+     ["decoder.sjd_pac.tree_depth", "scratch cache slots", "make the tree smaller"]),
+    (["decoder=[eagle2]", "decoder.eagle2.draft.top_k=100000"], ["decoder.eagle2.draft.top_k", "image codes"]),
+    # an old path whose class does not exist: no "moved" warning, no error about a path never written
+    (["decoder.raster._target_=baselines.raster.NoSuchDecoder"],
+     ["decoder.raster._target_=baselines.raster.NoSuchDecoder", "has no 'NoSuchDecoder'"]),
+    # a shard job asked to evaluate (was a ValueError traceback)
+    (["shard.count=2", "stages=[generate,evaluate]"], ["shard 0 of 2", "stages=[generate]"]),
+]
+
+
+@pytest.mark.parametrize("overrides,words", UNCLEAR_CASES, ids=[" ".join(c[0]) for c in UNCLEAR_CASES])
+def test_bad_input_is_one_clear_line_before_anything_is_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], words: list[str]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a false "moved to" warning fails here
+        status, err = outcome(tmp_path, overrides, capsys)
+    assert status == EXIT_INPUT_ERROR, err
+    assert err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
+    assert "moved to" not in err and not list(tmp_path.rglob("binding.json")), "nothing may be bound"
+
+
+def test_a_janus_stack_without_its_small_drafter_names_the_setting_that_removed_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, err = outcome(tmp_path, ["model=janus_tiny", "decoder=[sd]", "model.small_arch=null"], capsys)
+    assert status == EXIT_INPUT_ERROR and "Traceback" not in err, err
+    assert "sd: needs small_drafter" in err and "model.small_arch" in err and "draft.model" not in err
+    assert not list(tmp_path.rglob("binding.json"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")

@@ -4,6 +4,7 @@ the entries from disk; another conditioner or LLM sampling computes its own; a c
 refused with its path."""
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -181,3 +182,150 @@ def test_condition_cache_in_memory_serves_repeated_rows_without_calling_the_stag
 def test_condition_cache_folder_is_no_decoder_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, err = outcome(tmp_path, ["decoder=[raster]", "+decoder.conditions={_target_: x.Y}"], capsys)
     assert status == 2 and "decoder.conditions" in err and "another name" in err
+
+
+# ------------------------------------------------------------------ integrity of what is read (issue 57)
+
+def _error_line(status: int, err: str) -> str:
+    """The one `error:` line of a refusal (exit 2, no traceback)."""
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _contexts(samples: Path) -> list[Path]:
+    return sorted(p for p in (samples / CONDITIONS_DIR).iterdir() if p.is_dir())
+
+
+def test_condition_cache_refuses_an_entry_copied_from_another_encoders_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two text encoders of one shape: an entry of the other's folder placed in this one's (a hand
+    merge) is refused, naming it, instead of changing every image without a word."""
+    samples = tmp_path / "samples"
+    run(compose_cfg(_job("llamagen_tiny", samples)), tmp_path / "first")
+    [mine] = _contexts(samples)
+    run(compose_cfg(_job("llamagen_tiny", samples, ["+model.text_encoder.seed=3", "overwrite_samples=true"])),
+        tmp_path / "second")
+    [other] = [c for c in _contexts(samples) if c != mine]
+    entry = sorted(mine.glob("*.pt"))[0]
+    shutil.copyfile(other / entry.name, entry)  # same prompt, same shape, another encoder's features
+    status, err = outcome(tmp_path, _job("llamagen_tiny", samples, ["overwrite_samples=true"]), capsys)
+    line = _error_line(status, err)
+    assert str(entry) in line and "another folder" in line and f"rm {entry}" in line
+
+
+def test_condition_cache_refuses_an_entry_of_another_shape_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    samples = tmp_path / "samples"
+    run(compose_cfg(_job("llamagen_tiny", samples)), tmp_path / "first")
+    [context] = _contexts(samples)
+    entries = sorted(context.glob("*.pt"))
+    stored = torch.load(entries[-1], weights_only=True)
+    stored["parts"][0] = stored["parts"][0][:, :3]  # fewer features than its neighbours
+    torch.save(stored, entries[-1])
+    _drop_sample_sets(samples)
+    status, err = outcome(tmp_path, _job("llamagen_tiny", samples), capsys)
+    line = _error_line(status, err)
+    assert "corrupt" in line and "tensors" in line
+    assert any(str(e) in line for e in entries)  # the odd one, or the first read when it came first
+
+
+def test_condition_cache_reads_context_json_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    samples = tmp_path / "samples"
+    run(compose_cfg(_job("llamagen_tiny", samples)), tmp_path / "first")
+    [context] = _contexts(samples)
+    described = json.loads((context / "context.json").read_text())
+    described["model"] = "another"
+    (context / "context.json").write_text(json.dumps(described))
+    _drop_sample_sets(samples)
+    line = _error_line(*outcome(tmp_path, _job("llamagen_tiny", samples), capsys))
+    assert str(context / "context.json") in line and "another context" in line and f"rm -r {context}" in line
+
+
+@pytest.mark.parametrize("spoil", ["conditions_is_a_file", "context_is_a_file", "entry_is_a_folder"])
+def test_condition_cache_os_errors_are_one_line_naming_the_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], spoil: str) -> None:
+    samples = tmp_path / "samples"
+    run(compose_cfg(_job("llamagen_tiny", samples)), tmp_path / "first")
+    [context] = _contexts(samples)
+    entry = sorted(context.glob("*.pt"))[0]
+    _drop_sample_sets(samples)
+    if spoil == "conditions_is_a_file":
+        shutil.rmtree(samples / CONDITIONS_DIR)
+        bad = samples / CONDITIONS_DIR
+        bad.write_text("")
+    elif spoil == "context_is_a_file":
+        shutil.rmtree(context)
+        bad = context
+        bad.write_text("")
+    else:
+        entry.unlink()
+        bad = entry
+        bad.mkdir()
+    line = _error_line(*outcome(tmp_path, _job("llamagen_tiny", samples), capsys))
+    assert str(bad) in line and (f"rm {bad}" in line or f"rm -r {bad}" in line)
+
+
+def test_samples_dir_inside_the_condition_cache_is_refused(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    samples = tmp_path / "samples"
+    run(compose_cfg(_job("llamagen_tiny", samples)), tmp_path / "first")
+    [context] = _contexts(samples)
+    for inside in (samples / CONDITIONS_DIR, context, context / "more"):
+        line = _error_line(*outcome(tmp_path, _job("llamagen_tiny", inside), capsys))
+        assert f"samples_dir {inside}" in line and f"samples_dir={samples}" in line
+
+
+_KILL_ON_ENTRY = """
+import os, signal, sys
+real_replace, count, at = os.replace, [0], int(sys.argv[1])
+def replace(src, dst, *a, **k):
+    if str(dst).endswith(".pt"):
+        count[0] += 1
+        if count[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)  # its temporary file is written, not yet renamed
+    return real_replace(src, dst, *a, **k)
+os.replace = replace
+from harness.__main__ import main
+sys.argv = ["harness", *sys.argv[2:]]
+main()
+"""
+
+
+def _folder(root: Path) -> dict[str, Any]:
+    """Every file under `root` by relative path: entries as their stored content without the seconds
+    they cost (a measured time), others as bytes."""
+    import torch
+
+    found: dict[str, Any] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        if path.suffix == ".pt":
+            stored = torch.load(path, weights_only=True)
+            stored.pop("seconds")
+            found[str(path.relative_to(root))] = {k: [t.tolist() for t in v] if k == "parts" else v
+                                                  for k, v in stored.items()}
+        else:
+            found[str(path.relative_to(root))] = path.read_bytes()
+    return found
+
+
+def test_condition_cache_killed_while_writing_resumes_to_the_folder_of_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    """SIGKILL between an entry's temporary file and its rename, then a rerun: the conditions/ folder
+    is file for file the one a job that was never killed leaves (no orphaned .tmp)."""
+    import os
+    import subprocess
+    import sys
+
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", _KILL_ON_ENTRY, "2", *_job("llamagen_tiny", killed),
+            f"hydra.run.dir={tmp_path / 'run_killed'}"]
+    status = subprocess.run(args, env=env, capture_output=True, timeout=300).returncode
+    assert status == -9
+    assert [p.name for p in (killed / CONDITIONS_DIR).rglob("*.tmp")], "the kill left no temporary file"
+    run(compose_cfg(_job("llamagen_tiny", killed)), tmp_path / "resumed")
+    run(compose_cfg(_job("llamagen_tiny", whole)), tmp_path / "uninterrupted")
+    assert _folder(killed / CONDITIONS_DIR) == _folder(whole / CONDITIONS_DIR)

@@ -136,6 +136,20 @@ GENEVAL_PROMPTS = [
 ]
 
 
+STAND_IN_DETECTOR = b"stand-in"
+
+
+@pytest.fixture(autouse=True)
+def stand_in_detector_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in checkouts carry a stand-in detector file: its sha256 is the pin here
+    (test_the_real_detector_pin_refuses_another_file checks the real one)."""
+    import hashlib
+
+    import evaluators.geneval_official as official
+
+    monkeypatch.setattr(official, "DETECTOR_SHA256", hashlib.sha256(STAND_IN_DETECTOR).hexdigest())
+
+
 def sample_set(root: Path, prompts: Sequence[Prompt], per_prompt: int, size: int = 8, seed: int = 0) -> SampleSet:
     """A SampleSet of random images (a different top-left pixel per image, mostly)."""
     samples = SampleSet(root)
@@ -155,7 +169,7 @@ def geneval_repo(root: Path, mode: str = "ok") -> Path:
     (evaluation / "summary_scores.py").write_text(GENEVAL_SUMMARY)
     (evaluation / "object_names.txt").write_text("cat\ndog\ncup\napple\n")
     (root / "detector").mkdir(exist_ok=True)
-    (root / "detector" / f"{DETECTOR}.pth").write_bytes(b"stand-in")
+    (root / "detector" / f"{DETECTOR}.pth").write_bytes(STAND_IN_DETECTOR)
     return root / "geneval"
 
 
@@ -230,6 +244,89 @@ def test_geneval_official_rerun_reuses_the_export(tmp_path: Path) -> None:
     after = mtimes(images)
     assert [k for k in after if after[k] != before[k]] == ["00007/samples/0001.png"]
     pd.testing.assert_frame_equal(result.per_sample, expected_geneval(samples)[0])
+
+
+def test_an_exported_file_changed_in_place_is_exported_again_not_scored(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The export is trusted by its own digest too: a PNG edited after export (a conversion tool,
+    disk damage) keeps its source digest in the manifest, and is still replaced by the SampleSet's."""
+    samples = sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=2)
+    geneval_repo(tmp_path)
+    evaluator = geneval_official(tmp_path)
+    evaluator.evaluate(samples)
+    exported = samples.root / "official" / "geneval_official" / "images" / "00007" / "samples" / "0001.png"
+    sample_id = "geneval-00007_01"
+    exported.write_bytes(sample_set(tmp_path / "other", GENEVAL_PROMPTS, 2, seed=5).image_path(sample_id).read_bytes())
+    assert exported.read_bytes() != samples.image_path(sample_id).read_bytes()
+    with caplog.at_level("WARNING"):
+        result = evaluator.evaluate(samples)
+    assert exported.read_bytes() == samples.image_path(sample_id).read_bytes()
+    assert any(str(exported) in r.getMessage() and "changed" in r.getMessage() for r in caplog.records)
+    pd.testing.assert_frame_equal(result.per_sample, expected_geneval(samples)[0])
+
+
+_KILL_ON_PNG = """
+import os, signal, sys
+real_replace, count, at = os.replace, [0], int(sys.argv[1])
+def replace(src, dst, *a, **k):
+    if str(dst).endswith(".png") and "official" in str(dst):
+        count[0] += 1
+        if count[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)  # the exported PNG's temporary file is written, not renamed
+    return real_replace(src, dst, *a, **k)
+os.replace = replace
+import hashlib
+import evaluators.geneval_official as official
+from evaluators.geneval_official import GenEvalOfficial
+from harness.store.samples import SampleSet
+official.DETECTOR_SHA256 = hashlib.sha256(b"stand-in").hexdigest()  # the stand-in checkout's detector
+root = sys.argv[2]
+GenEvalOfficial(env_python=sys.executable, repo=root + "/geneval", model_path=root + "/detector",
+                commit="standin0").evaluate(SampleSet(root + "/samples"))
+"""
+
+
+def test_the_real_detector_pin_refuses_another_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GenEval's detector decides every verdict: a file in model_path without its pinned sha256 (a
+    substitute, a truncated download) is refused before generation, naming it and the refetch."""
+    import evaluators.geneval_official as official
+
+    monkeypatch.setattr(official, "DETECTOR_SHA256", "743b7d99015f1224c6d57fd4b14d04b15cc8ec72ae7ee7831e7c71d8873b7a54")
+    geneval_repo(tmp_path)
+    detector = tmp_path / "detector" / f"{DETECTOR}.pth"
+    with pytest.raises(OfficialEnvError) as refused:
+        geneval_official(tmp_path).check()
+    message = str(refused.value)
+    assert str(detector) in message and official.DETECTOR_SHA256 in message and "stages=[fetch]" in message
+    [asset] = geneval_official(tmp_path).assets()
+    assert asset.pinned.sha256 == official.DETECTOR_SHA256 and asset.pinned.url == official.DETECTOR_URL
+
+
+def _work_folder(root: Path) -> dict[str, bytes]:
+    """Every file of `<root>/samples/official/`, by relative path, with `root` in its bytes replaced
+    (the script's log and results name the folder they ran in; pandas' JSON escapes its slashes)."""
+    folder = root / "samples" / "official"
+    named = (str(root).encode(), str(root).replace("/", "\\/").encode())
+    return {str(p.relative_to(folder)): p.read_bytes().replace(named[0], b"<root>").replace(named[1], b"<root>")
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_geneval_official_export_killed_while_writing_resumes_to_an_uninterrupted_folder(tmp_path: Path) -> None:
+    """SIGKILL between an exported PNG's temporary file and its rename, then a rerun: the official
+    folder (export, manifest, outputs) is file for file an uninterrupted evaluation's."""
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    for root in (killed, whole):
+        sample_set(root / "samples", GENEVAL_PROMPTS, per_prompt=2)
+        geneval_repo(root)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    status = subprocess.run([sys.executable, "-c", _KILL_ON_PNG, "3", str(killed)], env=env,
+                            capture_output=True, timeout=120).returncode
+    assert status == -9
+    assert list((killed / "samples" / "official").rglob("*.tmp")), "the kill left no temporary file"
+    resumed = geneval_official(killed).evaluate(SampleSet(killed / "samples"))
+    uninterrupted = geneval_official(whole).evaluate(SampleSet(whole / "samples"))
+    assert _work_folder(killed) == _work_folder(whole)
+    pd.testing.assert_frame_equal(resumed.per_sample, uninterrupted.per_sample)
 
 
 def test_a_failing_script_is_named_with_its_last_lines_and_the_export_is_kept(tmp_path: Path) -> None:

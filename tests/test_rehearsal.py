@@ -61,6 +61,7 @@ def _env(hub: Hub, caches: Path, offline: bool) -> dict[str, str]:
         "HF_HOME": str(caches / "hf"), "MULO_BENCH_CACHE": str(caches / "mulo_bench"),
         "TORCH_HOME": str(caches / "torch"), "HF_HUB_DISABLE_XET": "1", "OMP_NUM_THREADS": "1",
         "HF_ENDPOINT": hub.url, "MULO_BENCH_MIRROR": f"{hub.url}/mirror",
+        "REHEARSAL_STANDIN_PINS": str(hub.root / standins.STANDIN_PINS),
     })
     if offline:
         env["HF_HUB_OFFLINE"] = "1"

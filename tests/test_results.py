@@ -141,3 +141,93 @@ def test_headline_has_at_most_eight_columns_with_errors() -> None:
     assert header.count("|") - 1 == results.HEADLINE_COLUMNS
     assert "latency_s" not in table and "HPSv2" not in header  # the eighth metric does not fit
     assert "3.00 ± 0.20" in table and "target fwd" in header
+
+
+# --- incomplete runs, sidecars, options (issue 57) ------------------------------------------------
+
+_KILL_AFTER_FIRST_SUMMARY = """
+import os, signal, sys
+import harness.store.summary as summary
+original = summary.write_summary
+def write_summary(path, frame):
+    original(path, frame)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed during evaluation: one decoder's rows written
+summary.write_summary = write_summary
+from harness.__main__ import main
+sys.argv = ["harness", *sys.argv[1:]]
+main()
+"""
+
+
+def _killed_run(tmp_path: Path) -> Path:
+    """A smoke run of two decoders SIGKILLed after the first decoder's rows reached summary.csv."""
+    import os
+    import sys
+
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-c", _KILL_AFTER_FIRST_SUMMARY, "+experiment=smoke", "decoder=[raster,mulo_sd]",
+            "evaluator=[speed]", "device=cpu", f"hydra.run.dir={run_dir}"]
+    assert subprocess.run(args, env=env, capture_output=True, timeout=300).returncode == -9
+    assert (run_dir / "summary.csv").is_file()
+    return run_dir
+
+
+def test_a_run_killed_during_evaluation_is_refused_unless_read_as_partial(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.report.tables import main as tables_main
+
+    run_dir = _killed_run(tmp_path)
+    with pytest.raises(results.IncompleteRunError) as refused:
+        results.load([run_dir])
+    message = str(refused.value)
+    assert f"run {run_dir} is incomplete" in message and "raster, mulo_sd" in message and "--partial" in message
+    for main in (results.main, lambda argv: tables_main([*argv, "--out", str(tmp_path / "tables")])):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(run_dir)])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "error: run" in err and "incomplete" in err and "Traceback" not in err
+    assert results.main([str(run_dir), "--partial"]) == 0
+    out = capsys.readouterr().out
+    label, table = out.split("\n", 1)
+    assert label.startswith(f"> PARTIAL: run {run_dir} is incomplete") and "raster" in table and "mulo_sd" not in table
+    assert len(results.load([run_dir], partial=True)) > 0
+
+
+def test_a_complete_run_reads_without_a_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.run import run
+    from tests.conftest import compose_cfg
+
+    run(compose_cfg(["+experiment=smoke", "decoder=[raster,mulo_sd]", "evaluator=[speed]", "device=cpu"]),
+        tmp_path / "whole")
+    assert results.main([str(tmp_path / "whole"), "--partial"]) == 0
+    out = capsys.readouterr().out
+    assert "PARTIAL" not in out and "mulo_sd" in out
+
+
+def test_a_sidecar_without_its_hash_is_warned_as_unverifiable(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "run" / "summary.csv"
+    path.parent.mkdir()
+    results.write_summary(path, pd.DataFrame([{"metric": "fid", "subset": "all", "value": 3.0, "stderr": None,
+                                               "n": 8, "higher_is_better": False}]))
+    meta = json.loads((path.parent / results.META_NAME).read_text())
+    with caplog.at_level("WARNING"):
+        results.read_summary(path)
+    assert not caplog.records  # a full sidecar: verified without a word
+    del meta["sha256"]
+    (path.parent / results.META_NAME).write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        assert len(results.read_summary(path)) == 1
+    assert any("no sha256" in r.getMessage() and "cannot be verified" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("count", ["-1", "0"])
+def test_tables_refuses_a_grid_without_images(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              count: str) -> None:
+    from harness.report.tables import main as tables_main
+
+    with pytest.raises(SystemExit) as exit_:
+        tables_main([str(runs), "--out", str(tmp_path / "out"), "--grid-images", count])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--grid-images must be a whole number >= 1" in err and count in err

@@ -296,3 +296,25 @@ def test_write_validates_its_inputs(tmp_path: Path) -> None:
         samples.write(spec, _image(spec), {"accepted_per_step": [1, 2]})
     samples.write(spec, _image(spec), {"latency": np.float32(0.5), "n": np.int64(3)})
     assert samples.stats()[["latency", "n"]].iloc[0].tolist() == [0.5, 3]
+
+
+# --- samples_dir and the condition cache (issue 57) ---------------------------------------------
+
+def test_samples_dir_inside_a_condition_cache_is_refused_but_a_folder_named_conditions_is_not(
+        tmp_path: Path) -> None:
+    """SampleSets written among a cache's entries would be read as neither; a user's own folder that
+    happens to be called conditions/ (no context folders in it) is a valid samples_dir."""
+    from harness.api import ConfigValueError
+    from harness.checks import check_config
+    from tests.conftest import compose_cfg
+
+    cache = tmp_path / "samples" / "conditions"
+    (cache / "0123abcd").mkdir(parents=True)
+    (cache / "0123abcd" / "context.json").write_text("{}")
+    for inside in (cache, cache / "0123abcd", cache / "0123abcd" / "deeper"):
+        with pytest.raises(ConfigValueError) as refused:
+            check_config(compose_cfg(["+experiment=smoke", f"samples_dir={inside}"]))
+        assert f"samples_dir={tmp_path / 'samples'}" in str(refused.value)
+    own = tmp_path / "mine" / "conditions"
+    own.mkdir(parents=True)
+    check_config(compose_cfg(["+experiment=smoke", f"samples_dir={own}"]))

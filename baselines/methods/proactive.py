@@ -172,6 +172,24 @@ class ProactiveDecoder(SpeculativeDecoder):
         k, d = self.tree_width, self.tree_depth
         return sum(k ** i for i in range(1, d)) - (d - 1)
 
+    def misfit(self, models: ModelBundle, rows: int, memory: int) -> tuple[str, str] | None:
+        """(option, why) when the tree cannot fit these models, checked before anything is bound or
+        generated (harness/run.py): K distinct candidates per level need K <= the image codes, and
+        the tree's nodes (sum of K^i for i < D, less the chain: scratch cache slots) each carry a
+        distribution over the codes in a verification of `rows` rows, which must fit in `memory`
+        bytes (float32 probabilities alone: a lower bound of what the tree needs)."""
+        vocab = int(getattr(models.target, "vocab_size", 0) or 0)
+        if vocab and self.tree_width > vocab:
+            return "tree_width", (f"= {self.tree_width} candidates per tree level, but model {models.name!r} has "
+                                  f"{vocab} image codes to draw them from; set tree_width <= {vocab}")
+        need = rows * self.cache_scratch * max(vocab, 1) * 4
+        if need > memory:
+            return "tree_depth", (f"= {self.tree_depth} with tree_width {self.tree_width} makes a tree of "
+                                  f"{self.cache_scratch} scratch cache slots, whose probabilities alone need "
+                                  f"{need / 2**30:.3g} GiB of the device's {memory / 2**30:.3g} GiB; make the tree "
+                                  "smaller (its nodes grow as tree_width^(tree_depth - 1))")
+        return None
+
     def _bound(self, models: ModelBundle):
         draft, scope = super()._bound(models)
         if self.cache_scratch and not hasattr(models.target, "move_cache"):

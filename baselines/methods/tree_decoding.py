@@ -74,6 +74,23 @@ class TreeDecoder:
         """Scratch cache slots the target needs (one per tree node; harness/runtime/engine.reserve)."""
         return int(self.draft.options.nodes)
 
+    def misfit(self, models: ModelBundle, rows: int, memory: int) -> tuple[str, str] | None:
+        """(option, why) when the draft tree cannot fit these models, checked before anything is bound
+        or generated (harness/run.py): top_k distinct codes per node need top_k <= the image codes,
+        and the tree's nodes (scratch cache slots), each with a distribution over the codes in a
+        verification of `rows` rows, must fit in `memory` bytes (a lower bound of what they need)."""
+        opts = self.draft.options
+        vocab = int(getattr(models.target, "vocab_size", 0) or 0)
+        if vocab and opts.top_k > vocab:
+            return "draft.top_k", (f"= {opts.top_k} children per node, but model {models.name!r} has {vocab} image "
+                                   f"codes; set draft.top_k <= {vocab}")
+        need = rows * self.cache_scratch * max(vocab, 1) * 4
+        if need > memory:
+            return "draft.total_tokens", (f"makes a tree of {self.cache_scratch} scratch cache slots, whose "
+                                          f"probabilities alone need {need / 2**30:.3g} GiB of the device's "
+                                          f"{memory / 2**30:.3g} GiB; lower it")
+        return None
+
     @torch.inference_mode()
     def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:
         """cond of batch B, seeds [B] -> tokens [B, rows*cols] and one DecodeStats per image."""

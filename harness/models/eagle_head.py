@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from harness.models.gpt import GPTConfig
 from harness.models.lumina.chameleon import HeadNorm
-from harness.models.hub import WeightsError, load_strict, read_checkpoint, resolve, state_dict_of
+from harness.models.hub import WeightsError, damaged, load_strict, read_checkpoint, resolve, state_dict_of
 from harness.models.transformer import KVCache, RMSNorm, attend
 
 log = logging.getLogger(__name__)
@@ -376,13 +376,30 @@ def save_head(head: EagleHead, path: Path, info: Mapping[str, Any] | None = None
     os.chmod(path, 0o644)  # readable like the other shipped weights (safetensors writes 0600)
 
 
-def load_trained(path: Path) -> EagleHead:
-    """A head written by `save_head` (python -m baselines.training.train_eagle), loaded strictly."""
+def _safetensors(path: Path) -> tuple[dict[str, str], Callable[[], dict[str, Tensor]]]:
+    """(metadata, a reader of the tensors) of a safetensors file; WeightsError naming the file and
+    saying to fetch it again when it cannot be read (truncated, damaged)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = dict(f.metadata() or {})
+    except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: a damaged file either way
+        raise damaged(path, err) from err
+
+    def tensors() -> dict[str, Tensor]:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                return {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as err:  # noqa: BLE001
+            raise damaged(path, err) from err
+    return meta, tensors
+
+
+def load_trained(path: Path) -> EagleHead:
+    """A head written by `save_head` (python -m baselines.training.train_eagle), loaded strictly."""
+    meta, tensors = _safetensors(path)
+    state = tensors()
     if HEAD_META not in meta:
         raise WeightsError(f"{path} has no '{HEAD_META}' metadata; not an EAGLE head written by "
                            "python -m baselines.training.train_eagle")
@@ -394,18 +411,12 @@ def load_trained(path: Path) -> EagleHead:
 def has_head_metadata(path: Path) -> bool:
     """Whether a safetensors file carries this project's head config (`save_head`); LANTERN's
     `model.safetensors` (read by its from_pretrained when pytorch_model.bin is absent) does not."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        return HEAD_META in (f.metadata() or {})
+    return HEAD_META in _safetensors(path)[0]
 
 
 def read_info(path: Path) -> dict[str, Any]:
     """The `info` metadata of a saved head (training settings and losses)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        return json.loads((f.metadata() or {}).get("info", "{}"))
+    return json.loads(_safetensors(path)[0].get("info", "{}"))
 
 
 def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *, file: str | None = None,

@@ -88,16 +88,38 @@ def read_checkpoint(path: Path, trust_pickle: bool = False) -> Any:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: a damaged file either way
+            raise damaged(path, err) from err
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=True)
     except Exception as err:  # noqa: BLE001
-        if trust_pickle:
-            raise WeightsError(f"cannot read checkpoint {path}: {err}") from err
-        raise WeightsError(f"cannot read checkpoint {path} with torch.load(weights_only=True): {err}. "
-                           "If the file comes from a trusted source, set trust_pickle: true in the model "
-                           "config") from err
+        if not trust_pickle and _refused_global(err):
+            raise WeightsError(f"cannot read checkpoint {path} with torch.load(weights_only=True): it stores "
+                               f"objects other than tensors ({_first_line(err)}). If the file comes from a "
+                               "trusted source, set trust_pickle: true in the model config") from err
+        raise damaged(path, err) from err
+
+
+def damaged(path: Path, err: BaseException) -> WeightsError:
+    """The error for a weights file that cannot be read at all (truncated, damaged, not the format
+    its name says): it names the file and says to delete it and fetch it again."""
+    return WeightsError(f"weights file {path} is damaged or truncated ({type(err).__name__}: {_first_line(err)}); "
+                        f"delete it (rm {path}) and fetch it again (stages=[fetch], or the download that made it)")
+
+
+def _refused_global(err: BaseException) -> bool:
+    """Whether torch.load(weights_only=True) refused an object it may not unpickle (what trust_pickle
+    allows), as opposed to a file it could not read."""
+    text = str(err)
+    return "Unsupported global" in text or "Unsupported operand" in text or "GLOBAL" in text
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 NESTED = ("model", "module", "state_dict")

@@ -82,9 +82,10 @@ def choose_tables(frame: pd.DataFrame, requested: Sequence[str] | None) -> list[
 
 def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] | None = None,
                figures: bool = True, pages: bool = True, paper_rows: bool = True,
-               grid_images: int = 6) -> Regenerated:
-    """Build and write the tables (and figures and reports) of the runs under `dirs` into `out`."""
-    frame = with_matched_quality(with_derived_speedup(summary.load(dirs)))
+               grid_images: int = 6, partial: bool = False) -> Regenerated:
+    """Build and write the tables (and figures and reports) of the runs under `dirs` into `out`.
+    `partial`: read incomplete runs too, named as partial at the top of the Markdown tables."""
+    frame = with_matched_quality(with_derived_speedup(summary.load(dirs, partial=partial)))
     facts = load_facts()
     done = Regenerated()
     markdown = []
@@ -101,7 +102,7 @@ def regenerate(dirs: Sequence[Path | str], out: Path, requested: Sequence[str] |
         done.tables.append(table)
         done.table_files += write_table(table, out / "tables")
         markdown.append(to_markdown(table))
-    done.markdown = "\n".join(markdown)
+    done.markdown = (summary.partial_label(dirs) if partial else "") + "\n".join(markdown)
     combined = out / "tables" / "tables.md"
     combined.parent.mkdir(parents=True, exist_ok=True)  # also when every table was skipped
     write_atomic(combined, done.markdown.encode("utf-8"))
@@ -203,12 +204,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-only", action="store_true",
                         help="leave out the paper's rows that the results do not cover")
     parser.add_argument("--grid-images", type=int, default=6, help="prompts per image grid (default: 6)")
+    parser.add_argument("--partial", action="store_true",
+                        help="read runs killed during evaluation too (their rows so far, labelled partial)")
     args = parser.parse_args(argv)
+    if args.grid_images < 1:
+        parser.error(f"--grid-images must be a whole number >= 1 (prompts per image grid), got {args.grid_images}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     requested = [n.strip() for n in args.tables.split(",") if n.strip()] or None
     try:
         done = regenerate(args.dirs, args.out, requested, figures=not args.no_figures, pages=not args.no_report,
-                          paper_rows=not args.results_only, grid_images=args.grid_images)
+                          paper_rows=not args.results_only, grid_images=args.grid_images, partial=args.partial)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     sys.stdout.write(done.markdown)

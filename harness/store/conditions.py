@@ -16,6 +16,7 @@ Layout under `root` (`<samples_dir>/conditions/`, beside the SampleSets):
                              options at their defaults), its weights id, per_image, the effective
                              generation config where the stage has one (Tar's LLM), and the model
                              name only where the stage has no config node of its own
+    <context>/shapes.json    the shapes and dtypes of one entry's tensors, as the stage computed them
     <context>/<entry>.pt     one row of the stage's output with its prompt, seed and the seconds it
                              cost when it was computed (torch.save; read with weights_only)
 
@@ -24,6 +25,18 @@ other weights or other LLM sampling settings read other files and compute again,
 share a stage (Tar-1.5B at 512 and at 1024 px: the same LLM, weights and sampling) share its entries
 when their jobs name one folder (`conditions_dir`). Files are written
 atomically, so shard jobs share one folder; an entry that cannot be read is refused, naming it.
+
+Integrity on read: every entry stores the digest of the context it was made in, and is refused
+(naming it) when that is not its folder's, so an entry copied in from another folder (a hand merge,
+a copy between machines) is never served; its tensors must have the shapes and dtypes shapes.json
+records (or, before that file exists, those of the other entries read); a context.json that does not describe the folder's context is refused. A
+path of the cache that is the wrong kind of file (a file where a folder belongs, a folder where an
+entry belongs) or that cannot be written is refused, naming it and the fix.
+
+Temporary files: a writer killed between writing an entry's temporary file and renaming it leaves
+`.<entry>.pt.<hex>.tmp` behind; the next job that opens the context removes them (and a writer
+whose temporary file a concurrent job removed writes it again), so a killed and resumed job leaves
+the folder an uninterrupted one does.
 
 Time: `ledger` says how many stage calls ran, what they cost, and the recorded cost of every entry
 a condition call served (`charged_s`), so the harness reports for each batch what computing its
@@ -38,6 +51,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,12 +70,19 @@ log = logging.getLogger(__name__)
 
 CONDITIONS_DIR = "conditions"  # the cache's folder in a samples_dir
 CONTEXT_FILE = "context.json"
-ENTRY_FORMAT = 1
+SHAPES_FILE = "shapes.json"  # the shapes and dtypes of the stage's output, written by its first call
+ENTRY_FORMAT = 2  # 2: entries store their context's digest
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # write_atomic's temporary files
+_WRITE_TRIES = 3
 Key = tuple[str, int | None]  # (prompt text, image seed or None where the stage reads no seed)
 
 
 class CorruptConditionError(InputError, ValueError):
     """A condition cache entry that cannot be read or does not hold the entry it is named for."""
+
+
+class ConditionCacheError(InputError, OSError):
+    """A path of the condition cache that is the wrong kind of file or cannot be written."""
 
 
 @dataclass(slots=True)
@@ -88,11 +109,21 @@ class _Entry:
     seconds: float  # its share of the stage call that computed it
 
 
+Signature = tuple[bool, tuple[tuple[tuple[int, ...], str], ...]]  # (single, ((shape, dtype) per part))
+
+
 @dataclass(slots=True)
 class _Context:
     digest: str
     folder: Path | None
     entries: dict[Key, _Entry] = field(default_factory=dict)
+    signature: Signature | None = None  # what every entry of this context holds
+    signature_from: Path | None = None  # the file it was first read from (None: computed)
+
+
+def signature(entry: _Entry) -> Signature:
+    """(single, ((shape, dtype) of each part)): what entries of one context share."""
+    return entry.single, tuple((tuple(part.shape), str(part.dtype)) for part in entry.parts)
 
 
 def cacheable(conditioner: Any) -> bool:
@@ -264,6 +295,13 @@ class ConditionCache:
         for row, key in enumerate(todo):
             # a clone: a row of a batch would keep (and torch.save would write) the whole batch
             entry = _Entry(tuple(part[row].detach().to("cpu").clone() for part in parts), single, share)
+            if context.signature_from is not None and signature(entry) != context.signature:
+                why = _shape_problem(context.signature, signature(entry), "the stage computes")
+                source = context.signature_from
+                raise CorruptConditionError(_bad_context(source, why) if source.name == SHAPES_FILE
+                                            else _corrupt(source, why))
+            if context.signature_from is None or context.signature_from.name != SHAPES_FILE:
+                self._write_shapes(context, signature(entry))
             context.entries[key] = entry
             self._write(context, key, entry, parts[0].device.type)
         self.ledger.calls += 1
@@ -281,14 +319,28 @@ class ConditionCache:
         folder = None
         if self.root is not None and self.config is not None:
             folder = self.root / digest
-            folder.mkdir(parents=True, exist_ok=True)
-            if not (folder / CONTEXT_FILE).is_file():
-                write_atomic(folder / CONTEXT_FILE, (json.dumps(description, indent=1, sort_keys=True,
-                                                                default=str) + "\n").encode())
+            _open_folder(folder, json.loads(text))
             log.info("condition cache: %s (%s of model %s)", folder, description["stage"], self.model)
         context = _Context(digest, folder)
+        if folder is not None and (folder / SHAPES_FILE).exists():
+            context.signature, context.signature_from = _read_shapes(folder / SHAPES_FILE), folder / SHAPES_FILE
         self._contexts[id(conditioner)] = context
         return context
+
+    @staticmethod
+    def _write_shapes(context: _Context, found: Signature) -> None:
+        """Record what the stage computes as the context's signature (shapes.json, once)."""
+        context.signature = found
+        if context.folder is None:
+            context.signature_from = None
+            return
+        path = context.folder / SHAPES_FILE
+        text = json.dumps({"single": found[0], "parts": [[list(shape), dtype] for shape, dtype in found[1]]})
+        try:
+            write_atomic(path, (text + "\n").encode())
+        except OSError as err:
+            raise ConditionCacheError(_unwritable(path, err.strerror or str(err))) from err
+        context.signature_from = path
 
     @staticmethod
     def _path(context: _Context, key: Key) -> Path:
@@ -298,15 +350,32 @@ class ConditionCache:
         return context.folder / f"{name}.pt"
 
     def _on_disk(self, context: _Context, key: Key) -> bool:
-        return context.folder is not None and self._path(context, key).is_file()
+        if context.folder is None:
+            return False
+        path = self._path(context, key)
+        if path.exists() and not path.is_file():
+            raise ConditionCacheError(f"condition cache entry {path} is not a file (a folder or another kind of "
+                                      f"file is in its place); remove it (rm -r {os.fspath(path)}) and rerun: "
+                                      "the entry is computed again")
+        return path.is_file()
 
     def _write(self, context: _Context, key: Key, entry: _Entry, device: str) -> None:
         if context.folder is None:
             return
         buffer = io.BytesIO()
-        torch.save({"format": ENTRY_FORMAT, "prompt": key[0], "seed": key[1], "seconds": entry.seconds,
-                    "device": device, "single": entry.single, "parts": list(entry.parts)}, buffer)
-        write_atomic(self._path(context, key), buffer.getvalue())
+        torch.save({"format": ENTRY_FORMAT, "context": context.digest, "prompt": key[0], "seed": key[1],
+                    "seconds": entry.seconds, "device": device, "single": entry.single,
+                    "parts": list(entry.parts)}, buffer)
+        path = self._path(context, key)
+        for attempt in range(_WRITE_TRIES):
+            try:
+                write_atomic(path, buffer.getvalue())
+                return
+            except FileNotFoundError:  # a job opening this context removed our temporary file: again
+                if attempt + 1 == _WRITE_TRIES or not context.folder.is_dir():
+                    raise ConditionCacheError(_unwritable(path, "its folder disappeared while writing")) from None
+            except OSError as err:
+                raise ConditionCacheError(_unwritable(path, err.strerror or str(err))) from err
 
     def _read(self, context: _Context, key: Key) -> _Entry | None:
         """The entry stored on disk, None when there is none.
@@ -323,18 +392,30 @@ class ConditionCache:
             # torch's own message advises weights_only=False, which would unpickle anything: not named
             raise CorruptConditionError(_corrupt(path, f"not a file of tensors torch can load, "
                                                        f"{type(err).__name__}")) from err
-        problem = _problem(stored, key)
+        problem = _problem(stored, key, context.digest)
         if problem:
             raise CorruptConditionError(_corrupt(path, problem))
-        return _Entry(tuple(stored["parts"]), bool(stored["single"]), float(stored["seconds"]))
+        entry = _Entry(tuple(stored["parts"]), bool(stored["single"]), float(stored["seconds"]))
+        if context.signature is not None and signature(entry) != context.signature:
+            whose = f"{context.signature_from} records" if context.signature_from is not None and \
+                context.signature_from.name == SHAPES_FILE else "the other entries of its context hold"
+            raise CorruptConditionError(_corrupt(path, _shape_problem(signature(entry), context.signature, whose)))
+        if context.signature is None:
+            context.signature, context.signature_from = signature(entry), path
+        return entry
 
 
-def _problem(stored: Any, key: Key) -> str | None:
-    """What is wrong with a loaded entry for `key`, or None."""
+def _problem(stored: Any, key: Key, digest: str) -> str | None:
+    """What is wrong with a loaded entry for `key` in the context `digest`, or None."""
     if not isinstance(stored, dict) or stored.get("format") != ENTRY_FORMAT:
         return f"not a condition cache entry of format {ENTRY_FORMAT}"
+    if stored.get("context") != digest:
+        return (f"it was made in context {stored.get('context')!r}, not this folder's {digest} (another text "
+                "encoder, LLM, weights or sampling: a copy from another folder or machine)")
     if stored.get("prompt") != key[0] or stored.get("seed") != key[1]:
         return "it holds the entry of another prompt or seed"
+    if not isinstance(stored.get("single"), bool):
+        return "no flag saying whether the stage returned one tensor"
     parts, seconds = stored.get("parts"), stored.get("seconds")
     if not isinstance(parts, list) or not parts or not all(isinstance(p, Tensor) for p in parts):
         return "no tensors"
@@ -342,6 +423,74 @@ def _problem(stored: Any, key: Key) -> str | None:
             or seconds < 0:
         return f"a cost of {seconds!r} seconds"
     return None
+
+
+def _shape_problem(found: Signature, expected: Signature, whose: str) -> str:
+    """Why an entry's tensors do not fit its context, e.g. "tensors [(4, 8) float32], while ..."."""
+    def show(sig: Signature) -> str:
+        return ", ".join(f"{shape} {dtype.removeprefix('torch.')}" for shape, dtype in sig[1]) + \
+            ("" if sig[0] else " (a tuple)")
+    return f"tensors {show(found)}, while {whose} {show(expected)}"
+
+
+def _open_folder(folder: Path, description: dict[str, Any]) -> None:
+    """Create the context folder with its context.json, or check an existing one's; remove the
+    temporary files killed writers left there.
+
+    Raises:
+        ConditionCacheError: a path of the cache is a file where a folder belongs (or the reverse),
+            or cannot be created.
+        CorruptConditionError: the folder's context.json describes another context or cannot be read.
+    """
+    for path in (folder.parent, folder):
+        if path.exists() and not path.is_dir():
+            raise ConditionCacheError(f"condition cache folder {path} is a file, not a folder; remove or rename it "
+                                      f"(rm {os.fspath(path)}) and rerun, or set samples_dir to another folder")
+    context_file = folder / CONTEXT_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _remove_temp_files(folder)
+        if not context_file.exists():
+            write_atomic(context_file, (json.dumps(description, indent=1, sort_keys=True) + "\n").encode())
+            return
+    except OSError as err:
+        raise ConditionCacheError(_unwritable(folder, err.strerror or str(err))) from err
+    try:
+        stored = json.loads(context_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CorruptConditionError(_bad_context(context_file, f"it cannot be read as JSON ({type(err).__name__})")) \
+            from err
+    if stored != description:
+        raise CorruptConditionError(_bad_context(context_file, "it describes another context than the one its "
+                                                               "folder is named for (a copied or edited file)"))
+
+
+def _read_shapes(path: Path) -> Signature:
+    """The signature shapes.json records; CorruptConditionError naming it when it holds none."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return bool(data["single"]), tuple((tuple(int(n) for n in shape), str(dtype))
+                                           for shape, dtype in data["parts"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CorruptConditionError(_bad_context(path, f"no shapes can be read from it ({type(err).__name__})")) \
+            from err
+
+
+def _remove_temp_files(folder: Path) -> None:
+    """Delete the temporary files (write_atomic's `.<name>.<hex>.tmp`) killed writers left in `folder`."""
+    for name in os.listdir(folder):
+        if _TEMP_NAME.match(name):
+            (folder / name).unlink(missing_ok=True)
+
+
+def _bad_context(path: Path, why: str) -> str:
+    return (f"condition cache file {path} is corrupt ({why}); delete its folder (rm -r {os.fspath(path.parent)}) "
+            "and rerun: its entries are computed again")
+
+
+def _unwritable(path: Path, why: str) -> str:
+    return (f"condition cache path {path} cannot be written ({why}); make {path.parent} a writable folder, or "
+            "set samples_dir to one")
 
 
 def _corrupt(path: Path, why: str) -> str:

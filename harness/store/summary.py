@@ -3,6 +3,12 @@
     python -m harness.results results/main results/ablation_pooling
 
 prints decoders as rows and metrics as columns (subset "all").
+
+A run whose run.json records no final row count (`summary_rows`: written when the job ends) was
+killed during evaluation, or is still running: its summary.csv holds the rows written so far, not
+the run's result. It is refused, naming the run and the fix, unless `--partial` (`load(...,
+partial=True)`) asks for it; then its rows are read and labelled partial. A summary.csv without a
+run.json beside it (a table written by hand) is read as it is.
 """
 from __future__ import annotations
 
@@ -51,6 +57,45 @@ def find_summaries(paths: Sequence[Path | str]) -> list[Path]:
 
 class SummaryFileError(InputError, ValueError):
     """A summary.csv that is not a complete, well-formed summary table."""
+
+
+class IncompleteRunError(SummaryFileError):
+    """A run whose run.json records no final row count: its summary.csv is not the run's result."""
+
+
+RUN_JSON = "run.json"
+
+
+def incomplete_reason(summary_path: Path) -> str | None:
+    """Why the run of `summary_path` is not complete, from the run.json beside it, or None (complete,
+    or no run.json to tell)."""
+    run_json = Path(summary_path).with_name(RUN_JSON)
+    try:
+        record = json.loads(run_json.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return f"its {RUN_JSON} cannot be read ({type(err).__name__})"
+    extra = record.get("extra") if isinstance(record, dict) else None
+    extra = extra if isinstance(extra, dict) else {}
+    rows = extra.get("summary_rows")
+    if rows is None:
+        plan = extra.get("plan") if isinstance(extra.get("plan"), dict) else {}
+        planned = plan.get("decoders") if isinstance(plan, dict) else None
+        plans = f"plans decoders {', '.join(map(str, planned))} but " if planned else ""
+        return (f"its {RUN_JSON} {plans}records no final row count, so the run was killed during evaluation "
+                "or is still running")
+    return None
+
+
+def incomplete_runs(paths: Sequence[Path | str]) -> list[tuple[Path, str]]:
+    """(run folder, why) of every incomplete run among the summary.csv files under `paths`."""
+    found = []
+    for file in find_summaries([paths] if isinstance(paths, (str, Path)) else paths):
+        reason = incomplete_reason(file)
+        if reason is not None:
+            found.append((file.parent, reason))
+    return found
 
 
 def write_summary(path: Path | str, frame: pd.DataFrame) -> None:
@@ -107,6 +152,9 @@ def _check_unchanged(path: Path, frame: pd.DataFrame, fix: str) -> None:
         log.warning("%s has no %s: its rows cannot be verified (a table cut on a line end reads as a "
                     "shorter one); %s", path, META_NAME, fix)
         return
+    if "sha256" not in meta:
+        log.warning("%s records no sha256 of %s: its content cannot be verified (a changed row reads as "
+                    "the run's); %s", path.with_name(META_NAME), path.name, fix)
     if meta.get("rows") != len(frame):
         raise SummaryFileError(f"{path} has {len(frame)} rows but {meta.get('rows')} were written "
                                f"({META_NAME}): it was truncated or cut short; {fix}")
@@ -161,12 +209,14 @@ def _read_meta(path: Path) -> dict | None:
     return meta
 
 
-def load(paths: Sequence[Path | str]) -> pd.DataFrame:
+def load(paths: Sequence[Path | str], partial: bool = False) -> pd.DataFrame:
     """Concatenate the summary.csv files under `paths`, adding the `run_dir` each came from.
+    `partial`: read incomplete runs too (their rows so far; a warning names each).
 
     Raises:
         FileNotFoundError: a path does not exist, or no summary.csv is found.
         SummaryFileError: a summary.csv is unreadable, truncated or malformed (read_summary).
+        IncompleteRunError: a run's run.json records no final row count, unless `partial`.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -176,8 +226,24 @@ def load(paths: Sequence[Path | str]) -> pd.DataFrame:
             f"no {SUMMARY_NAME} found under {', '.join(map(str, paths))}; pass run directories "
             "written by `python -m harness` (results/<name>/<time>) whose evaluate stage has run"
         )
+    for file in files:
+        reason = incomplete_reason(file)
+        if reason is None:
+            continue
+        if not partial:
+            raise IncompleteRunError(
+                f"run {file.parent} is incomplete: {reason}; its {SUMMARY_NAME} holds only the rows written so "
+                "far. Finish it (rerun its evaluate stage, stages=[evaluate] with its samples_dir), or pass "
+                "--partial to read those rows labelled partial")
+        log.warning("run %s is incomplete: %s. Its rows are read as PARTIAL", file.parent, reason)
     frames = [read_summary(file).assign(run_dir=str(file.parent)) for file in files]
     return pd.concat(frames, ignore_index=True)
+
+
+def partial_label(paths: Sequence[Path | str]) -> str:
+    """Lines (Markdown quotes) naming every incomplete run under `paths`, or ""."""
+    return "".join(f"> PARTIAL: run {folder} is incomplete: {why}. Its rows are those written so far.\n"
+                   for folder, why in incomplete_runs(paths))
 
 
 def pivot(
@@ -321,16 +387,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--index", default="model,decoder", help="comma-separated row keys")
     parser.add_argument("--subset", default="all", help="which subset to show (default: all)")
     parser.add_argument("--all-subsets", action="store_true", help="one column per metric+subset")
+    parser.add_argument("--partial", action="store_true",
+                        help="read runs killed during evaluation too (their rows so far, labelled partial)")
     args = parser.parse_args(argv)
     try:
-        frame = load(args.dirs)
+        frame = load(args.dirs, partial=args.partial)
         if args.all_subsets:
             table = format_table(frame, args.index.split(","), ("metric", "subset"), subset=None)
         else:
             table = format_table(frame, args.index.split(","), subset=args.subset)
     except (OSError, KeyError, ValueError) as exc:
         parser.error(exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc))
-    sys.stdout.write(table + "\n")
+    sys.stdout.write((partial_label(args.dirs) if args.partial else "") + table + "\n")
     return 0
 
 

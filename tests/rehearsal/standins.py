@@ -9,6 +9,7 @@ tiny sizes under those names by tests/rehearsal/site/sitecustomize.py.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
@@ -38,6 +39,7 @@ OVERRIDES = {
 }
 CODES = 512  # TA-Tok codebook of the stand-in
 GENERATION_TOP_K, GENERATION_PENALTY = 20, 1.1  # the stand-in Tar LLM's generation_config.json
+STANDIN_PINS = "standin_pins.json"  # beside mirror/: url -> sha256 of the stand-in served for a pinned file
 
 
 def build(root: Path, shared_data: Path) -> None:
@@ -50,7 +52,12 @@ def build(root: Path, shared_data: Path) -> None:
     _open_clip(hub)
     _mask2former(hub / "facebook" / "mask2former-swin-small-coco-instance")
     _blip(hub / "Salesforce" / "blip-vqa-base")
-    _mirror(root / "mirror", shared_data)
+    pins = _mirror(root / "mirror", shared_data)
+    from evaluators.hpsv2 import hub_pin
+
+    hps = hub_pin("HPS_v2.1_compressed.pt")  # the stand-in checkpoint's hash in place of the real one's
+    pins[hps.url] = hashlib.sha256((hub / "xswu" / "HPSv2" / hps.name).read_bytes()).hexdigest()
+    (root / STANDIN_PINS).write_text(json.dumps(pins, indent=1))
 
 
 def _tiny_bundle(model: str, extra: list[str]):
@@ -198,9 +205,10 @@ def _blip(repo: Path) -> None:
     processor.save_pretrained(folder)
 
 
-def _mirror(mirror: Path, shared: Path) -> None:
+def _mirror(mirror: Path, shared: Path) -> dict[str, str]:
     """The non-hub files under <host>/<path>: the real prompt files (their pins must hold), a tiny
-    val2017.zip of stand-in images and a stand-in GenEval detector checkpoint."""
+    val2017.zip of stand-in images and a stand-in GenEval detector checkpoint; returns the URL ->
+    sha256 of the stand-ins served for pinned files."""
     from evaluators.fid_reference import COCO_VAL2017_ZIP
     from evaluators.geneval_detectors import MMDET_CHECKPOINT, OBJECT_NAMES
     from harness.datasets.official import COCO_CAPTIONS, DPG_PROMPT_URL, GENEVAL_METADATA
@@ -218,8 +226,11 @@ def _mirror(mirror: Path, shared: Path) -> None:
     place(OBJECT_NAMES.url, shared / "geneval" / "object_names.txt")
     for prompt in (shared / "dpg_bench" / "prompts").glob("*.txt"):
         place(DPG_PROMPT_URL.format(prompt.stem), prompt)
-    place(COCO_VAL2017_ZIP.url, _val2017_zip())
-    place(MMDET_CHECKPOINT.url, b"a stand-in of the mmdet checkpoint (mmdet is not installed here)")
+    standins = {COCO_VAL2017_ZIP.url: _val2017_zip(),
+                MMDET_CHECKPOINT.url: b"a stand-in of the mmdet checkpoint (mmdet is not installed here)"}
+    for url, data in standins.items():  # pinned files: the harness runs check them against these hashes
+        place(url, data)
+    return {url: hashlib.sha256(data).hexdigest() for url, data in standins.items()}
 
 
 def _val2017_zip(count: int = 6) -> bytes:

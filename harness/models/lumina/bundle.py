@@ -27,7 +27,7 @@ import torch
 
 from harness.api import ConfigValueError, ModelBundle
 from harness.models.eagle_head import attach_head
-from harness.models.hub import WeightsError, dtype_of, load_strict, snapshot
+from harness.models.hub import WeightsError, damaged, dtype_of, load_strict, snapshot
 from harness.models.lumina.chameleon import ChameleonArch, ChameleonLM
 from harness.models.lumina.image_model import LuminaImageModel
 from harness.models.lumina.layout import SpecialTokens, code_ids
@@ -67,7 +67,10 @@ def read_lm_state(folder: Path) -> dict[str, torch.Tensor]:
         raise WeightsError(f"{folder} holds no .safetensors weights (expected a Lumina-mGPT checkpoint folder)")
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        state.update(load_file(str(shard)))
+        try:
+            state.update(load_file(str(shard)))
+        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: a damaged shard either way
+            raise damaged(shard, err) from err
     return state
 
 
