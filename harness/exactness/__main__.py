@@ -41,7 +41,9 @@ def row(label: str, verdicts: Sequence[Verdict]) -> str:
     failing = ", ".join(str(i) for i in v.failing_pairs[:8]) + (" ..." if len(v.failing_pairs) > 8 else "")
     verdict = "pass" if v.passed else "FAIL"
     if len(verdicts) > 1:
-        verdict += f" ({sum(not x.passed for x in verdicts)}/{len(verdicts)} blocks fail)"
+        zs = [x.pair_z for x in verdicts]
+        verdict += (f" ({sum(not x.passed for x in verdicts)}/{len(verdicts)} blocks fail; pair z {min(zs):+.1f} .. "
+                    f"{max(zs):+.1f}, largest chi2 p {max(x.chi2_p for x in verdicts):.2g})")
     return (f"| {label} | {v.steps:.1f} | {v.marginal_tvd:.3f} ({v.marginal_z:+.1f}, {v.marginal_p:.3f}) "
             f"| {v.pair_tvd:.3f} ({v.pair_z:+.1f}, {v.pair_p:.3f}) | {v.chi2_p:.2g} | {failing or '-'} | {verdict} |")
 
