@@ -1,7 +1,7 @@
 """The exactness check with length (harness/exactness): the Markov target's closed-form law is its
 law (teacher forcing, and images drawn from it pass); every lossless decoder of the field passes on
 3000 images of 36 positions, at the harness's schedule and at the released single-token head and
-tail; every negative control (harness/exactness/controls.py) and GSD at its lossy defaults fail
+tail; every negative control (baselines/methods/controls.py) and GSD at its lossy defaults fail
 with margin; the schedule options are validated and do what they say; the command prints the table
 and refuses a name it does not know."""
 from __future__ import annotations

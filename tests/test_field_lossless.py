@@ -19,7 +19,7 @@ from baselines.methods.raster import RasterDecoder
 from harness.api import ConfigValueError, ModelBundle, SamplingParams
 from harness.checks import build_decoder
 from harness.datasets.prompts import shapes
-from harness.exactness.controls import LongestPathDecoder, ReleasedMaximalDraft
+from baselines.methods.controls import LongestPathDecoder, ReleasedMaximalDraft
 from harness.models.random.bundle import build
 from harness.run import _build, guided
 from harness.store.samples import plan
@@ -172,7 +172,7 @@ def test_sjd_pac_exact_distribution_matches_the_target(coupling: str) -> None:
 
 def test_scd_exact_released_maximal_bookkeeping_is_biased() -> None:
     """A counterexample, measured: with the old q kept for a kept guess (the released code's
-    bookkeeping, the coupling applied once: harness/exactness/controls.ReleasedMaximalDraft; `scd`
+    bookkeeping, the coupling applied once: baselines/methods/controls.ReleasedMaximalDraft; `scd`
     books q = p, the law the kept guess actually has) the images drift from the target. On the tiny
     model with seeds 0..2999 the chi-square test rejects it (p = 1.9e-5; TVD 0.033 stays under the
     TVD noise bound 0.045, so only the chi-square test sees it), while `scd`'s own maximal coupling

@@ -2,7 +2,7 @@
 Markov target (docs/field.md, "Exactness with length").
 
 DECODER is a file of conf/decoder/ (sjd, scd, sjd_pac, gsd, raster, ...), a negative control of
-harness/exactness/controls.py, or `all` (the decoders and controls of docs/field.md's table);
+baselines/methods/controls.py, or `all` (the decoders and controls of docs/field.md's table);
 KEY=VALUE overrides are relative to the decoder (draft.window=8, draft.coupling=maximal). Prints one
 table row per decoder: mean target forwards, the TVD sums with their bootstrap z and p, the
 Bonferroni-adjusted chi-square p of the adjacent pairs, the failing pairs and the verdict.
@@ -16,8 +16,7 @@ import sys
 from typing import Sequence
 
 from harness.api import ConfigValueError
-from harness.exactness.check import Target, measure
-from harness.exactness.controls import CONTROLS
+from harness.exactness.check import Target, controls, measure
 from harness.exactness.stats import ALPHA, Z_MAX, Verdict
 
 log = logging.getLogger("harness.exactness")
@@ -29,7 +28,8 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scd", ()), ("scd", ("draft.coupling=maximal",)), ("scd", ("draft.head=3", "draft.tail=10")),
     ("sjd_pac", ()), ("sjd_pac", ("draft.head=3", "draft.tail=10")),
     ("gsd", ("accept.rank_window=0",)), ("gsd", ()),
-    *((name, ()) for name in CONTROLS),
+    *((name, ()) for name in ("scd_one_noise_row", "scd_tail_noise", "scd_released_maximal", "sjd_wrong_residual",
+                              "sjd_pac_longest_path")),
 )
 HEADER = ("| decoder | target fwd | pos TVD (z, p) | pair TVD (z, p) | pair chi2 p (Bonferroni) | failing pairs "
           "| verdict |\n|---|---:|---|---|---:|---|---|")
@@ -50,7 +50,7 @@ def row(label: str, verdicts: Sequence[Verdict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.exactness", description=__doc__.split("\n\n")[0])
-    ap.add_argument("decoder", help="a conf/decoder/ name, a control (" + ", ".join(CONTROLS) + ") or all")
+    ap.add_argument("decoder", help="a conf/decoder/ name, a control (" + ", ".join(controls()) + ") or all")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE relative to the decoder (e.g. draft.window=8)")
     ap.add_argument("--images", type=int, default=3000, help="images per block (default 3000)")
     ap.add_argument("--repeats", type=int, default=1, help="disjoint seed blocks (default 1)")

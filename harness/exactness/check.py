@@ -1,4 +1,4 @@
-"""One exactness check: a decoder of conf/decoder/ (or a negative control, controls.py) decodes
+"""One exactness check: a decoder of conf/decoder/ (or a negative control, baselines/methods/controls.py) decodes
 `images` images of the Markov target (markov.py) with seeds offset .. offset + images - 1 at
 temperature 1 with no filter and no guidance (p = softmax of the target's logits, the law
 markov.py computes), and its images are judged against the exact law (stats.py)."""
@@ -8,17 +8,25 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hydra import compose, initialize_config_dir
+from hydra.utils import get_object
 
 from harness.__main__ import config_dir
 from harness.api import ConfigValueError, Decoder, ModelBundle
 from harness.checks import build_decoder
-from harness.exactness.controls import CONTROLS
 from harness.exactness.markov import MarkovLaw, markov_bundle
 from harness.exactness.stats import Null, Verdict, judge
 
 # p = softmax(logits): the law of the Markov target as markov.py computes it
 UNFILTERED = ("sampling.temperature=1.0", "sampling.top_k=null", "sampling.top_p=1.0", "sampling.cfg_scale=1.0")
 PROMPT = "a markov image"
+# the negative controls live with the decoders (baselines/methods/controls.py); the core reaches
+# them by name, as the pipeline reaches every decoder through its config's _target_
+CONTROLS_AT = "baselines.methods.controls.CONTROLS"
+
+
+def controls() -> dict:
+    """name -> Control (baselines/methods/controls.py)."""
+    return get_object(CONTROLS_AT)
 
 
 @dataclass(frozen=True)
@@ -43,16 +51,16 @@ class Target:
 
 
 def known(name: str) -> bool:
-    return name in CONTROLS or (config_dir() / "decoder" / f"{name}.yaml").is_file()
+    return name in controls() or (config_dir() / "decoder" / f"{name}.yaml").is_file()
 
 
 def decoder(name: str, overrides: Sequence[str], n_tokens: int) -> Decoder:
     """Decoder `name` (a conf/decoder/ file or a control) with `overrides` relative to it
     (e.g. draft.window=8)."""
     if not known(name):
-        choices = sorted(p.stem for p in (config_dir() / "decoder").glob("*.yaml")) + sorted(CONTROLS)
+        choices = sorted(p.stem for p in (config_dir() / "decoder").glob("*.yaml")) + sorted(controls())
         raise ConfigValueError(f"exactness: no decoder or control {name!r}; choose one of {', '.join(choices)}")
-    control = CONTROLS.get(name)
+    control = controls().get(name)
     base = control.base if control else name
     rel = [*(control.overrides if control else ()), *overrides]
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
