@@ -23,7 +23,7 @@ IMAGES = 3000
 RELEASED = ("draft.head=3", "draft.tail=10")  # the released samplers' l = 3, r = N - 10
 LOSSLESS = [
     ("raster", ()), ("sjd", ()), ("sjd", RELEASED), ("scd", ()), ("scd", ("draft.coupling=maximal",)),
-    ("scd", RELEASED), ("gsd", ("accept.rank_window=0",)),
+    ("scd", RELEASED), ("gsd", ("accept.rank_window=0",)), ("sd", ()),
     # ~15 s each on a shared CPU: the default run checks sjd_pac on the tiny model (test_field_lossless.py)
     pytest.param("sjd_pac", (), marks=pytest.mark.slow),
     pytest.param("sjd_pac", RELEASED, marks=pytest.mark.slow),

@@ -27,7 +27,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("raster", ()), ("sjd", ()), ("sjd", ("draft.head=3", "draft.tail=10")),
     ("scd", ()), ("scd", ("draft.coupling=maximal",)), ("scd", ("draft.head=3", "draft.tail=10")),
     ("sjd_pac", ()), ("sjd_pac", ("draft.head=3", "draft.tail=10")),
-    ("gsd", ("accept.rank_window=0",)), ("gsd", ()),
+    ("gsd", ("accept.rank_window=0",)), ("sd", ()), ("gsd", ()),
     *((name, ()) for name in ("scd_one_noise_row", "scd_tail_noise", "scd_released_maximal", "sjd_wrong_residual",
                               "sjd_pac_longest_path")),
 )

@@ -109,7 +109,8 @@ def markov_bundle(rows: int = 6, cols: int = 6, vocab: int = 4, sharpness: float
                   seed: int = 0) -> ModelBundle:
     """The Markov target as a model bundle: logits N(0, sharpness^2) per (position, code, code),
     drawn from `seed`; codes 2k and 2k + 1 sit 0.1 apart in the token embedding, other pairs
-    farther than 1, so GSD finds groups at its thresholds."""
+    farther than 1, so GSD finds groups at its thresholds. Its `small_drafter` is another Markov
+    model, the target's logits plus N(0, 1) (drawn after them), for `sd`."""
     for key, value in (("rows", rows), ("cols", cols), ("vocab", vocab)):
         checked_number(f"exactness.{key}", value, integer=True, low=2)
     if not sharpness > 0:
@@ -121,5 +122,10 @@ def markov_bundle(rows: int = 6, cols: int = 6, vocab: int = 4, sharpness: float
     codes = torch.arange(vocab, dtype=torch.float32)
     embeddings = torch.stack([(codes // 2) * 2.0, (codes % 2) * 0.1 ** 0.5], -1)  # [V, 2]
     model = MarkovImageModel(init, trans, (rows, cols), embeddings)
-    return ModelBundle(name="markov", target=model, conditioner=HashedWordConditioner(17, PREFIX),
+    # a drafting model for draft-model speculative decoding (`sd`): the target's logits plus N(0, 1)
+    drafter_init = init + torch.randn(vocab, generator=gen)
+    drafter_trans = trans + torch.randn(n, vocab, vocab, generator=gen)
+    drafter = MarkovImageModel(drafter_init, drafter_trans, (rows, cols), embeddings)
+    return ModelBundle(name="markov", target=model, small_drafter=drafter,
+                       conditioner=HashedWordConditioner(17, PREFIX),
                        weights_id=f"markov-{rows}x{cols}-v{vocab}-s{sharpness}-seed{seed}")
