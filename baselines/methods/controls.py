@@ -1,13 +1,15 @@
 """Negative controls: decoders broken on purpose in the ways a lossless claim can fail, each of
 which the exactness check (harness/exactness/stats.py) must reject on the Markov target.
 
-| control | base | defect |
-|---|---|---|
-| `scd_one_noise_row` | scd (gumbel) | every position drafts with the same Gumbel noise row |
-| `scd_tail_noise` | scd (gumbel) | the last `tail` positions share one noise row (SCD's released sampler keeps one row for its single-token steps) |
-| `scd_released_maximal` | scd (maximal) | a kept old guess keeps its old q for the next test (SCD's released bookkeeping, `__call__max`) |
-| `sjd_wrong_residual` | sjd | a rejected draft is replaced by a sample of p instead of norm(max(p - q, 0)) |
-| `sjd_pac_longest_path` | sjd_pac | the released sampler's longest accepted root-to-leaf path instead of the first accepted sibling per level |
+- `scd_one_noise_row` (scd, gumbel): every position drafts with the same Gumbel noise row;
+- `scd_tail_noise` (scd, gumbel): the last `TAIL` positions share one noise row (SCD's released
+  sampler keeps one row for its single-token steps);
+- `scd_released_maximal` (scd, maximal): a kept old guess keeps its old q for the next test (SCD's
+  released bookkeeping, `__call__max`);
+- `sjd_wrong_residual` (sjd): a rejected draft is replaced by a sample of p instead of
+  norm(max(p - q, 0));
+- `sjd_pac_longest_path` (sjd_pac): the released sampler's longest accepted root-to-leaf path instead
+  of the first accepted sibling per level.
 
 Each is built from the decoder of conf/decoder/<base>.yaml with one part swapped."""
 from __future__ import annotations
