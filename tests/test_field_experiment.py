@@ -55,6 +55,9 @@ def test_field_plans_every_row_under_the_protocol(model: str, protocol: str) -> 
     assert jobs.decoders == _runnable(model) and jobs.evaluators == evaluators
     assert cfg.decoder.zipar.window == 16
     assert (cfg.decoder.lantern.accept.k, cfg.decoder.lantern.accept.delta) == (1000, 0.4)
+    for name, window in (("sjd", 15), ("scd", 15), ("sjd_pac", 53)):  # the released settings (docs/field.md)
+        draft = cfg.decoder[name].draft
+        assert (draft.window, draft.head, draft.tail) == (window, 3, 10), name
     if not HAS_ENTROPY:
         assert "ARsample" in jobs.skipped["sjd_entropy"]  # the stated reason, not a missing file
     for name in jobs.evaluators:

@@ -101,17 +101,26 @@ class JacobiDraft(DraftSource):
         init: guesses for positions never reached: "random" (uniform token, q = uniform; SJD on
             Lumina-mGPT), "left" (the token to the left in raster order, SJD's repeat_horizon) or
             "above" (the committed token one row up, else random; SJD's "vertical repeat").
+        head: the first `head` positions are decoded one token per target forward, no draft
+            verified (the released samplers' jacobi_loop_interval_l; 0 = none).
+        tail: likewise the last `tail` positions (the released samplers' jacobi_loop_interval_r
+            = N - tail; 0 = none). The loop applies both (`scheduled`): a draft at such a position
+            is never accepted and the token there is drawn from p, so the rule stays exact.
     """
 
     name = "jacobi"
 
-    def __init__(self, window: int = 16, init: str = "random") -> None:
+    def __init__(self, window: int = 16, init: str = "random", head: int = 0, tail: int = 0) -> None:
         if int(window) != window or window < 1:
             raise ValueError(f"decoder draft.window must be an integer >= 1, got {window!r}")
         if init not in JACOBI_INITS:
             raise ValueError(f"decoder draft.init must be one of {JACOBI_INITS}, got {init!r}")
+        for key, value in (("head", head), ("tail", tail)):
+            if int(value) != value or value < 0:
+                raise ValueError(f"decoder draft.{key} must be an integer >= 0, got {value!r}")
         self.length = int(window)
         self.init = init
+        self.head, self.tail = int(head), int(tail)
 
     def start(self, ctx: Context, canvas: Canvas) -> "_JacobiRun":
         return _JacobiRun(self, ctx, canvas)
@@ -174,6 +183,17 @@ class _JacobiRun(DraftRun):
             init = torch.where(known, copied, rand)
             init_q = torch.where(known[..., None], _one_hot(copied, v), self.uniform)
         return torch.where(fresh, init, tokens), torch.where(fresh[..., None], init_q, q)
+
+
+def scheduled(source: DraftSource, start: Tensor, length: int, n_tokens: int) -> Tensor | None:
+    """How many drafts each row may have accepted this step under the source's single-token head
+    and tail (`JacobiDraft` head / tail): start [B] -> [B] in 0..length (0 inside the head, up to
+    the tail's first position otherwise), or None when the source has neither."""
+    head, tail = getattr(source, "head", 0), getattr(source, "tail", 0)
+    if not head and not tail:
+        return None
+    room = (n_tokens - tail - start).clamp(0, length)
+    return torch.where(start < head, torch.zeros_like(room), room)
 
 
 # ----------------------------------------------------------------------------- model (SD, lantern_chain)

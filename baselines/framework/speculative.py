@@ -34,9 +34,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from baselines.framework.acceptance import AcceptanceRule
+from baselines.framework.acceptance import AcceptanceRule, Verdict
 from baselines.framework.canvas import Canvas, Context, span
-from baselines.framework.drafts import Draft, DraftRun, DraftSource, Outcome
+from baselines.framework.drafts import Draft, DraftRun, DraftSource, Outcome, scheduled
 from baselines.framework.recorder import StatsRecorder
 from baselines.framework.scope import RasterScope, RejectionScope, Resampler, Resolution
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
@@ -138,6 +138,7 @@ class SpeculativeDecoder:
         p = self._verify(ctx, canvas, draft, scope.refeed)  # [B, L+1, V]
         u = ctx.streams.draw((length,))
         verdict = self.accept.decide(p[:, :length], draft.q, draft.tokens, u, ctx)
+        verdict = self._scheduled(ctx, start, p[:, :length], verdict)
         res = scope.resolve(verdict.accept, remaining, ctx.grid, verified)
         first = res.first[:, None]  # [B, 1]
         samples = self._sample(ctx, p, verdict.residual, first)
@@ -150,6 +151,17 @@ class SpeculativeDecoder:
         run.observe(canvas, Outcome(start=start, p=p, samples=samples, res=res))
         self._record(rec, active, start, draft, res, extra)
         return res.verified
+
+    def _scheduled(self, ctx: Context, start: Tensor, p: Tensor, verdict: Verdict) -> Verdict:
+        """The verdict under the draft source's single-token head and tail (drafts.scheduled):
+        offsets past a row's allowance [B] are not accepted and their residual is p, so the token
+        at the first of them is drawn from p as in raster decoding. p [B, L, V]."""
+        room = scheduled(self.draft, start, p.shape[1], ctx.n_tokens)
+        if room is None:
+            return verdict
+        allowed = span(p.shape[1], p.device)[None] < room[:, None]  # [B, L]
+        return Verdict(accept=verdict.accept & allowed,
+                       residual=torch.where(allowed[..., None], verdict.residual, p))
 
     def _verify(self, ctx: Context, canvas: Canvas, draft: Draft, refeed: int) -> Tensor:
         """One target forward over canvas[fed .. frontier + L - 1] (width min(refeed + L, N), fixed)

@@ -70,12 +70,14 @@ class CoupledJacobiDraft(JacobiDraft):
         coupling: how a slot's new guess relates to its old one: "none" (SJD), "gumbel" (SCD's
             Gumbel-max with per-image noise per (position, token)) or "maximal" (SCD's maximal
             coupling; SJD-PAC's Adaptive Continuation).
+        head, tail: single-token head and tail positions (as `jacobi`).
     """
 
     name = "coupled_jacobi"
 
-    def __init__(self, window: int = 16, init: str = "random", coupling: str = "gumbel") -> None:
-        super().__init__(window=window, init=init)
+    def __init__(self, window: int = 16, init: str = "random", coupling: str = "gumbel", head: int = 0,
+                 tail: int = 0) -> None:
+        super().__init__(window=window, init=init, head=head, tail=tail)
         if coupling not in COUPLINGS:
             raise ValueError(f"decoder draft.coupling must be one of {COUPLINGS}, got {coupling!r}")
         self.coupling = coupling

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from baselines.framework.acceptance import ExactRule, TreeVerdict, _normalise, accept_tree
 from baselines.framework.canvas import Canvas, Context, span
-from baselines.framework.drafts import Draft, DraftRun, DraftSource, JacobiDraft, Outcome
+from baselines.framework.drafts import Draft, DraftRun, DraftSource, JacobiDraft, Outcome, scheduled
 from baselines.framework.recorder import StatsRecorder
 from baselines.framework.scope import RasterScope, RejectionScope, Resolution, _unmarked
 from baselines.framework.speculative import SpeculativeDecoder
@@ -220,7 +220,9 @@ class ProactiveDecoder(SpeculativeDecoder):
             ok[:, node_depth < self.tree_depth - 1] = cand_ok[:, level[node_depth < self.tree_depth - 1]]
             children = children.masked_fill(~ok, -1)
         u = ctx.streams.draw((length, self.tree_width))
-        verdict = self._walk(p, children, block, layout.depth.expand(b, -1), u, remaining, ctx)
+        room = scheduled(self.draft, start, length, ctx.n_tokens)  # the single-token head and tail
+        limit = remaining if room is None else torch.minimum(room, remaining)
+        verdict = self._walk(p, children, block, layout.depth.expand(b, -1), u, limit, ctx)
         self.rule.q = None
         a = verdict.accepted  # [B]
         final = inverse_cdf(verdict.dist, ctx.streams.draw((1,))[:, 0])  # the token after the path
