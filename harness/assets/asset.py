@@ -11,6 +11,7 @@ the files not on this machine) and `download()`.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import urllib.error
@@ -149,7 +150,12 @@ class UrlFile:
         return mirrored(self.pinned.url)
 
     def _target(self) -> Path:
-        return (Path(self.folder) if self.folder else cache_root() / "data") / self.pinned.name
+        return (Path(self.folder).expanduser() if self.folder else cache_root() / "data") / self.pinned.name
+
+    @property
+    def path(self) -> Path:
+        """Where the file lands (and is read from)."""
+        return self._target()
 
     def entries(self) -> list[Entry]:
         """The file with its size (a HEAD request, through the mirror), or its cached size."""
@@ -170,7 +176,7 @@ class UrlFile:
 
     def download(self) -> None:
         try:
-            fetch(self.pinned, Path(self.folder) if self.folder else None)
+            fetch(self.pinned, Path(self.folder).expanduser() if self.folder else None)
         except DownloadError as err:
             raise AssetError(f"{self.what}: {err}") from err
 
@@ -180,13 +186,28 @@ class UrlFile:
 
 @dataclass(frozen=True)
 class ModelScopeModel:
-    """A ModelScope model, downloaded into the ModelScope cache by modelscope itself."""
+    """A ModelScope model, downloaded by modelscope itself: with this interpreter's modelscope into
+    its default cache (`python` None), or with the modelscope of another environment's `python`
+    (DPG-Bench's) into `cache_dir`, where it lands as `<cache_dir>/<model_id>/` (ModelScope's own
+    layout; a mirror: that client's MODELSCOPE_DOMAIN)."""
 
     what: str
     model_id: str
+    python: str | None = None
+    cache_dir: str | None = None
 
     def source(self) -> str:
         return f"modelscope {self.model_id}"
+
+    @property
+    def folder(self) -> Path | None:
+        """The model's folder in `cache_dir` (None: modelscope's default cache)."""
+        return None if self.cache_dir is None else Path(self.cache_dir).expanduser() / self.model_id
+
+    def _marker(self) -> Path:
+        """Written once a download into `cache_dir` completed (a partial one leaves files behind)."""
+        assert self.cache_dir is not None
+        return Path(self.cache_dir).expanduser() / f".fetched--{self.model_id.replace('/', '--')}.json"
 
     def _modelscope(self):
         try:
@@ -197,11 +218,45 @@ class ModelScopeModel:
                              "backend") from err
         return snapshot_download
 
+    def _run(self, code: str, *args: str) -> str:
+        """stdout of `python -c code args` in the environment of `python`, MODELSCOPE_CACHE set."""
+        import subprocess
+
+        from evaluators.official_env import script_environment
+
+        python = Path(str(self.python)).expanduser()
+        env = {**script_environment(python), "MODELSCOPE_CACHE": str(Path(str(self.cache_dir)).expanduser())}
+        try:
+            done = subprocess.run([str(python), "-c", code, *args], capture_output=True, text=True, env=env,
+                                  timeout=24 * 3600)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise AssetError(f"{self.what}: {python} does not run ({err}); the ModelScope model {self.model_id} is "
+                             "fetched with the modelscope of that environment: build it first "
+                             "(docs/evaluators.md)") from err
+        if done.returncode != 0:
+            said = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise AssetError(f"{self.what}: modelscope in {python} could not fetch {self.model_id} ({said}); check "
+                             f"the network (or MODELSCOPE_DOMAIN for a mirror) and rerun, or `{self.command()}`")
+        return done.stdout
+
     def entries(self) -> list[Entry]:
-        self._modelscope()
-        return [Entry(self.model_id, None, False)]
+        if self.python is None:
+            self._modelscope()
+            return [Entry(self.model_id, None, False)]
+        if not self.missing():
+            files = json.loads(self._marker().read_text(encoding="utf-8"))
+            return [Entry(f"{self.model_id}/{name}", size, True) for name, size in files]
+        listing = ("import json, sys; from modelscope.hub.api import HubApi; "
+                   "files = HubApi().get_model_files(sys.argv[1], recursive=True); "
+                   "print(json.dumps([[f['Path'], f.get('Size')] for f in files if f.get('Type') != 'tree']))")
+        files = json.loads(self._run(listing, self.model_id).strip().splitlines()[-1])
+        return [Entry(f"{self.model_id}/{name}", size, False) for name, size in files]
 
     def missing(self) -> list[str]:
+        if self.python is not None:
+            folder = self.folder
+            found = folder is not None and (folder / "configuration.json").is_file() and self._marker().is_file()
+            return [] if found else [self.model_id]
         try:
             self._modelscope()(self.model_id, local_files_only=True)
         except Exception:  # noqa: BLE001 - not installed, or not cached
@@ -209,10 +264,25 @@ class ModelScopeModel:
         return []
 
     def download(self) -> None:
-        self._modelscope()(self.model_id)
+        if self.python is None:
+            self._modelscope()(self.model_id)
+            return
+        fetch = ("import sys; from modelscope.hub.snapshot_download import snapshot_download; "
+                 "print(snapshot_download(sys.argv[1], cache_dir=sys.argv[2]))")
+        self._run(fetch, self.model_id, str(Path(str(self.cache_dir)).expanduser()))
+        folder = self.folder
+        assert folder is not None
+        if not (folder / "configuration.json").is_file():
+            raise AssetError(f"{self.what}: modelscope fetched {self.model_id} but {folder} has no configuration.json; "
+                             "remove the folder and fetch again")
+        files = sorted([p.relative_to(folder).as_posix(), p.stat().st_size] for p in folder.rglob("*") if p.is_file())
+        self._marker().write_text(json.dumps(files), encoding="utf-8")
 
     def command(self) -> str:
-        return f"modelscope download --model {self.model_id}"
+        if self.python is None:
+            return f"modelscope download --model {self.model_id}"
+        return (f"{self.python} -c \"from modelscope.hub.snapshot_download import snapshot_download; "
+                f"snapshot_download('{self.model_id}', cache_dir='{self.cache_dir}')\"")
 
 
 def hub_offline() -> bool:
