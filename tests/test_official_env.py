@@ -604,8 +604,9 @@ def test_geneval_official_rows_reach_summary_csv(tmp_path: Path, capsys: pytest.
     prompts.write_text("".join(json.dumps({"id": p.id.split("/")[1], **p.meta}) + "\n" for p in GENEVAL_PROMPTS))
     status, err = outcome(tmp_path, [
         "dataset=prompt_file", f"dataset.path={prompts}", "decoder=[raster]", "images_per_prompt=2",
-        "evaluator=[speed,geneval_official]", f"evaluator.geneval_official.env_python={sys.executable}",
-        f"evaluator.geneval_official.repo={tmp_path / 'geneval'}",
+        "evaluator=[speed,geneval_official]",
+        f"evaluator.geneval_official.env_python={standin_env(tmp_path / 'env', GENEVAL_MODULES)}",
+        f"evaluator.geneval_official.clip_dir={tmp_path / 'clip'}", f"evaluator.geneval_official.repo={tmp_path / 'geneval'}",
         f"evaluator.geneval_official.model_path={tmp_path / 'detector'}", "evaluator.geneval_official.commit=standin0",
     ], capsys)
     assert status == 0, err
