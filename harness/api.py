@@ -43,7 +43,8 @@ class InputError(Exception):
 # `needs_metadata` (read by harness/preflight.py), `paper_setting` (a decoder's paper values of the
 # keys a world may move), `operating_points` (a model's settings of decoders on its world, read by
 # the decoders' configs).
-INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points")
+INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points", "gpu",
+             "seconds_per_image")
 
 
 class ConfigValueError(InputError, ValueError):
