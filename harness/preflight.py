@@ -71,7 +71,8 @@ def model_parts(model: DictConfig) -> set[str]:
         repo = isinstance(model.get(f"{part}_repo"), str) and bool(model.get(f"{part}_repo"))
         if f"{part}_size" in model:  # a repo with a size (Lumina-mGPT's drafter): both named
             repo = repo and model.get(f"{part}_size") is not None
-        if flag is True or (isinstance(file, str) and file) or repo or part in listed:
+        named = (isinstance(file, str) and bool(file)) or (isinstance(file, ListConfig) and len(file) > 0)
+        if flag is True or named or repo or part in listed:
             parts.add(part)
     return parts
 

@@ -62,13 +62,18 @@ class Asset(Protocol):
 class HubFiles:
     """Files of Hugging Face repo `repo` matching `patterns` (exact names or globs), in `cache_dir`
     (None: the default hub cache). The files named in `required` (None: every pattern without a
-    wildcard) must be in the repo; the other patterns may match nothing (optional files)."""
+    wildcard) must be in the repo; the other patterns may match nothing (optional files).
+
+    `weights`: the weight formats the loader reads, in its order (harness.models.hub.WEIGHT_ORDER:
+    safetensors, else .bin): the first the repo holds is fetched with the files, the others not, and
+    a repo holding none is refused."""
 
     what: str
     repo: str
     patterns: tuple[str, ...]
     cache_dir: str | None = None
     required: tuple[str, ...] | None = None
+    weights: tuple[tuple[str, ...], ...] = ()
 
     @property
     def needed(self) -> tuple[str, ...]:
@@ -80,11 +85,29 @@ class HubFiles:
     def source(self) -> str:
         return f"hub {self.repo}"
 
-    def _snapshot(self, **kwargs):
+    def _snapshot(self, patterns: tuple[str, ...] | None = None, **kwargs):
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(repo_id=self.repo, allow_patterns=list(self.patterns), cache_dir=self.cache_dir,
-                                 **kwargs)
+        return snapshot_download(repo_id=self.repo, allow_patterns=list(patterns or self.patterns),
+                                 cache_dir=self.cache_dir, **kwargs)
+
+    def _chosen(self, names: list[str]) -> tuple[str, ...]:
+        """The weight format (its patterns) the loader reads among the repo's files `names`; () when
+        this asset names none.
+
+        Raises:
+            AssetError: the repo holds no weight file of any format.
+        """
+        from fnmatch import fnmatch
+
+        if not self.weights:
+            return ()
+        for patterns in self.weights:
+            if any(fnmatch(name, pattern) for name in names for pattern in patterns):
+                return patterns
+        order = ", then ".join(p[0] for p in self.weights)
+        raise AssetError(f"{self.what}: the Hugging Face repo {self.repo} holds no weight file ({order}, the order "
+                         "its loader reads them); check the repo id in the config (or the mirror behind HF_ENDPOINT)")
 
     def entries(self) -> list[Entry]:
         """The repo's files this asset reads, from the hub (a dry run: nothing is downloaded).
@@ -93,7 +116,7 @@ class HubFiles:
             AssetError: the hub cannot be reached, or a named file is not in the repo.
         """
         try:
-            infos = self._snapshot(dry_run=True)
+            infos = self._snapshot(self.patterns + tuple(p for group in self.weights for p in group), dry_run=True)
         except Exception as err:  # noqa: BLE001 - network, missing repo, offline: reported alike
             hint = ("HF_HUB_OFFLINE is set, and fetching needs the network: unset it" if hub_offline()
                     else "check the network or HF_ENDPOINT")
@@ -106,7 +129,16 @@ class HubFiles:
                              "check the repo id and file names in the config (or the mirror behind HF_ENDPOINT)")
         if not names:
             raise AssetError(f"{self.what}: no file of the Hugging Face repo {self.repo} matches {list(self.patterns)}")
-        return [Entry(info.filename, info.file_size, info.is_cached) for info in infos]
+        keep = self._kept(names)
+        return [Entry(info.filename, info.file_size, info.is_cached) for info in infos if info.filename in keep]
+
+    def _kept(self, names: list[str]) -> set[str]:
+        """Of the listed `names`, those this asset fetches: its own patterns' and the chosen weight format's."""
+        from fnmatch import fnmatch
+
+        chosen = self._chosen(names)
+        other = {p for group in self.weights for p in group} - set(chosen) - set(self.patterns)
+        return {n for n in names if not any(fnmatch(n, p) for p in other) or any(fnmatch(n, p) for p in chosen)}
 
     def missing(self) -> list[str]:
         """The files not in the cache (checked without the network). Names each exact file missing; for
@@ -115,6 +147,8 @@ class HubFiles:
 
         absent = [p for p in self.needed if not isinstance(
             try_to_load_from_cache(repo_id=self.repo, filename=p, cache_dir=self.cache_dir), str)]
+        if not absent and self.weights and not self._cached_weights():
+            return [" or ".join(group[0] for group in self.weights)]
         if absent or set(self.needed) == set(self.patterns):
             return absent
         try:
@@ -123,9 +157,27 @@ class HubFiles:
             return [p for p in self.patterns if p not in self.needed]
         return []
 
+    def _cached_weights(self) -> bool:
+        """Whether the cached snapshot holds a weight file of one of the formats (checked offline)."""
+        from huggingface_hub import try_to_load_from_cache
+
+        from harness.models.hub import weight_files
+
+        anchor = try_to_load_from_cache(repo_id=self.repo, filename=self.needed[0], cache_dir=self.cache_dir) \
+            if self.needed else None
+        if not isinstance(anchor, str):
+            return False
+        return any(weight_files(Path(anchor).parent, group) for group in self.weights)
+
     def download(self) -> None:
         try:
-            self._snapshot()
+            patterns = self.patterns
+            if self.weights:
+                patterns += self._chosen([info.filename for info in self._snapshot(
+                    self.patterns + tuple(p for group in self.weights for p in group), dry_run=True)])
+            self._snapshot(patterns)
+        except AssetError:
+            raise
         except Exception as err:  # noqa: BLE001
             raise AssetError(f"{self.what}: downloading {list(self.patterns)} from the Hugging Face repo "
                              f"{self.repo} failed ({type(err).__name__}: {_first_line(err)}); rerun stages=[fetch] "
@@ -133,9 +185,10 @@ class HubFiles:
                              f"`{self.command()}`") from err
 
     def command(self) -> str:
-        if set(self.needed) == set(self.patterns):
+        if set(self.needed) == set(self.patterns) and not self.weights:
             return f"hf download {self.repo} {' '.join(self.patterns)}"
-        return f"hf download {self.repo} " + " ".join(f"--include '{p}'" for p in self.patterns)
+        weights = self.weights[0] if self.weights else ()
+        return f"hf download {self.repo} " + " ".join(f"--include '{p}'" for p in (*self.patterns, *weights))
 
 
 @dataclass(frozen=True)
