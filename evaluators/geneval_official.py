@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import re
+from dataclasses import replace
 from pathlib import Path, PurePath
 from typing import Any, Mapping, Sequence
 
@@ -56,10 +57,9 @@ MODULES = ("mmdet", "mmcv", "open_clip", "clip_benchmark", "pandas")
 # open_clip 2.20 (environment.yml) loads `pretrained="openai"` ViT-L-14 from this URL into
 # ~/.cache/clip/ViT-L-14.pt and accepts a file there whose sha256 is the URL's folder name
 CLIP_DIR = "~/.cache/clip"
+CLIP_SHA256 = "b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836"
 CLIP_FILE = Pinned(name="ViT-L-14.pt", what="GenEval's colour classifier (open_clip ViT-L-14, openai)",
-                   url="https://openaipublic.azureedge.net/clip/models/"
-                       "b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836/ViT-L-14.pt",
-                   sha256="b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836")
+                   url=f"https://openaipublic.azureedge.net/clip/models/{CLIP_SHA256}/ViT-L-14.pt", sha256=CLIP_SHA256)
 REQUIRED_FIELDS = ("filename", "tag", "correct", "reason")
 _OVERALL = re.compile(r"^Overall score \(avg\. over tasks\): (\S+)\s*$", re.MULTILINE)
 _OVERALL_DECIMALS = 5  # summary_scores.py prints the overall score with 5 decimals
@@ -76,6 +76,7 @@ class GenEvalOfficial:
         home: the folder `scripts/official_env.sh geneval` builds (null: $MULO_BENCH_CACHE/official/geneval).
         clip_dir: where the environment's open_clip 2.20 reads `ViT-L-14.pt` (its `~/.cache/clip`, of
             the user who runs the job); fetch brings the pinned file there.
+        clip_sha256: the CLIP file's pin (open_clip 2.20 checks the file against the same hash).
         name: evaluator name (the `evaluator` column, per_sample/<decoder>/<name>.csv).
         model_config: mmdet config file (None: the script's default, read from mmdet's source tree).
         options: evaluate_images.py `--options` (threshold, counting_threshold, max_objects,
@@ -89,7 +90,7 @@ class GenEvalOfficial:
     def __init__(self, env_python: str | None = None, repo: str | None = None, model_path: str | None = None,
                  name: str = "geneval_official", model_config: str | None = None,
                  options: Mapping[str, Any] | None = None, commit: str | None = None, home: str | None = None,
-                 clip_dir: str = CLIP_DIR) -> None:
+                 clip_dir: str = CLIP_DIR, clip_sha256: str = CLIP_SHA256) -> None:
         self.name = name
         self.key = f"evaluator.{name}"
         root = official_home("geneval", home)
@@ -97,6 +98,7 @@ class GenEvalOfficial:
                       "repo": repo if given(repo) else str(root / "repo"),
                       "model_path": model_path if given(model_path) else str(root / "models")}
         self.clip_dir = Path(clip_dir).expanduser()
+        self.clip_file = replace(CLIP_FILE, sha256=clip_sha256)
         self.model_config = model_config if given(model_config) else None
         self.options = {str(k): str(v) for k, v in (options or {}).items()}
         self.commit = commit
@@ -139,7 +141,7 @@ class GenEvalOfficial:
             found.append(UrlFile("evaluator geneval_official", pinned,
                                  str(Path(str(self.paths["model_path"])).expanduser())))
         if "clip_model" not in self.options:
-            found.append(UrlFile("evaluator geneval_official CLIP", CLIP_FILE, str(self.clip_dir)))
+            found.append(UrlFile("evaluator geneval_official CLIP", self.clip_file, str(self.clip_dir)))
         return found
 
     def _open(self) -> OfficialEnv:
