@@ -107,7 +107,8 @@ class DPGBenchOfficial:
         root = official_home("dpg_bench", home)
         self.paths = {"env_python": env_python if given(env_python) else str(root / "env" / "bin" / "python"),
                       "repo": repo if given(repo) else str(root / "repo")}
-        self.modelscope_cache = Path(modelscope_cache).expanduser() if given(modelscope_cache) else root / "modelscope"
+        self.modelscope_cache = (Path(modelscope_cache).expanduser() if given(modelscope_cache)
+                                 else root / "modelscope").absolute()
         self.questions = questions if given(questions) else None
         self.verify_questions, self.accelerate, self.commit = verify_questions, accelerate, commit
         self.processes = checked_number(f"{self.key}.processes", processes, integer=True, low=1)
@@ -153,7 +154,7 @@ class DPGBenchOfficial:
         unset_keys(self.key, self.paths)
         env = open_env(self.key, str(self.paths["env_python"]), str(self.paths["repo"]), (SCRIPT,), self.commit,
                        RECIPE)
-        questions = Path(self.questions).expanduser() if self.questions else env.repo / QUESTIONS
+        questions = (Path(self.questions).expanduser() if self.questions else env.repo / QUESTIONS).absolute()
         if not questions.is_file():
             option = f"{self.key}.questions={questions}" if self.questions else f"{self.key}.repo={env.repo}"
             raise OfficialEnvError(f"{option}: {questions} does not exist; give the DPG-Bench question graph "

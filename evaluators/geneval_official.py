@@ -192,9 +192,9 @@ class GenEvalOfficial:
     def _arguments(self, images: Path, results: Path) -> list[str]:
         """evaluate_images.py's command line after the script."""
         args = [str(images), "--outfile", str(results), "--model-path",
-                str(Path(str(self.paths["model_path"])).expanduser())]
+                str(Path(str(self.paths["model_path"])).expanduser().absolute())]
         if self.model_config is not None:
-            args += ["--model-config", str(Path(self.model_config).expanduser())]
+            args += ["--model-config", str(Path(self.model_config).expanduser().absolute())]
         if self.options:
             args += ["--options", *(f"{k}={v}" for k, v in self.options.items())]
         return args

@@ -90,7 +90,7 @@ def open_env(key: str, env_python: str, repo: str, scripts: Sequence[str], commi
     Raises:
         OfficialEnvError: naming the config key, the path and the fix.
     """
-    python = Path(env_python).expanduser()
+    python = Path(env_python).expanduser().absolute()
     if python.is_dir():
         raise OfficialEnvError(f"{key}.env_python={python} is a folder; give the environment's interpreter, "
                                f"e.g. {python / 'bin' / 'python'} ({recipe})")
@@ -99,7 +99,7 @@ def open_env(key: str, env_python: str, repo: str, scripts: Sequence[str], commi
         raise OfficialEnvError(f"{key}.env_python={python} {what}; give the python of the environment "
                                f"built as {recipe}, e.g. /path/to/env/bin/python")
     _check_runs(key, python)
-    checkout = Path(repo).expanduser()
+    checkout = Path(repo).expanduser().absolute()
     if not checkout.is_dir():
         raise OfficialEnvError(f"{key}.repo={checkout} is not a folder; give the path of the official "
                                f"repository checkout ({recipe})")
@@ -116,7 +116,7 @@ def official_home(name: str, home: str | None) -> Path:
     what the script reads: `home`, else `$MULO_BENCH_CACHE/official/<name>`."""
     from harness.datasets.downloads import cache_root
 
-    return Path(home).expanduser() if given(home) else cache_root() / OFFICIAL_DIR / name
+    return (Path(home).expanduser() if given(home) else cache_root() / OFFICIAL_DIR / name).absolute()
 
 
 def build_command(name: str) -> str:
@@ -307,8 +307,9 @@ def _read_manifest(path: Path) -> dict[str, str]:
 
 
 def work_dir(root: Path, name: str) -> Path:
-    """`<SampleSet root>/official/<evaluator name>/`, created."""
-    folder = root / OFFICIAL_DIR / name
+    """`<SampleSet root>/official/<evaluator name>/`, created, as an absolute path (the script runs in
+    another working directory, and `samples_dir` may be relative)."""
+    folder = (root / OFFICIAL_DIR / name).absolute()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

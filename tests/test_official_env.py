@@ -207,6 +207,17 @@ def test_geneval_official_reads_back_the_official_results(tmp_path: Path) -> Non
     assert set(summary["metric"]) == {"geneval", "geneval_images", "geneval_prompts"}
 
 
+def test_a_relative_samples_dir_reaches_the_script_as_an_absolute_path(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's samples_dir is relative to where the job runs; the script runs in its checkout."""
+    geneval_repo(tmp_path)
+    evaluator = geneval_official(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    samples = sample_set(Path("results") / "samples", GENEVAL_PROMPTS, per_prompt=1)
+    result = evaluator.evaluate(samples)
+    assert len(result.per_sample) == 3
+
+
 def test_geneval_official_export_is_the_official_layout(tmp_path: Path) -> None:
     samples = sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=2)
     geneval_repo(tmp_path)
