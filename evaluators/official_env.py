@@ -119,11 +119,6 @@ def official_home(name: str, home: str | None) -> Path:
     return (Path(home).expanduser() if given(home) else cache_root() / OFFICIAL_DIR / name).absolute()
 
 
-def build_command(name: str) -> str:
-    """The one command that builds the official environment `name` (docs/evaluators.md)."""
-    return f"bash scripts/official_env.sh {name}"
-
-
 def missing_modules(key: str, python: Path, modules: Sequence[str], fix: str) -> None:
     """OfficialEnvError naming the `modules` the environment's python cannot find (the packages the
     official script imports), and `fix`."""
