@@ -52,6 +52,12 @@ class CLIPScoreEvaluator:
         weights = self._model[3] if self._model else f"{self.arch}:{self.pretrained}"
         return f"clip_score-{VERSION}/{weights}"
 
+    def check(self) -> None:
+        """Before generation (harness/run.py): open_clip imports here."""
+        from evaluators.dependencies import require_modules
+
+        require_modules("evaluator clip_score", ("open_clip",), "install the harness's dependencies: pip install -e .")
+
     def assets(self) -> list:
         """What `load` downloads (harness/assets): open_clip's hub file of `pretrained`, unless a checkpoint."""
         return [] if self.checkpoint else open_clip_assets(f"evaluator {self.name}", self.arch, self.pretrained)

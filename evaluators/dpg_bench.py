@@ -293,6 +293,11 @@ class DPGBenchEvaluator:
         self.official_compat, self.write_grids, self.show_progress = official_compat, write_grids, show_progress
         self.report_both = report_both
 
+    def check(self) -> None:
+        """Before generation (harness/run.py): what the VQA backend imports."""
+        if hasattr(self.vqa, "check"):
+            self.vqa.check()
+
     def assets(self) -> list:
         """What scoring downloads (harness/assets): the question graph (unless given) and the VQA model."""
         from harness.assets.asset import UrlFile

@@ -39,8 +39,8 @@ from PIL import Image
 from evaluators.dpg_bench import (IMAGES_PER_PROMPT, PER_SAMPLE_COLUMNS, _failed_row, _scored_row,
                                   load_official_questions, make_grid, official_categories)
 from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, OfficialEnvError, OfficialOutputError,
-                                     fresh, given, open_env, run_script, sync_export, text_digest,
-                                     unset_keys, work_dir)
+                                     fresh, given, missing_modules, official_home, open_env,
+                                     run_script, sync_export, text_digest, unset_keys, work_dir)
 from harness.api import EvalResult, checked_number, metric_rows
 from harness.datasets.downloads import sha256_file
 from harness.datasets.downloads import verify
@@ -53,7 +53,10 @@ SCRIPT = "dpg_bench/compute_dpg_bench.py"
 QUESTIONS = "dpg_bench/dpg_bench.csv"
 GRIDS = "grids"
 RESULTS = "results.txt"  # must end in .txt: the script writes its detail file at .txt -> _detail.txt
-RECIPE = "docs/evaluators.md, 'DPG-Bench's environment'"
+RECIPE = "`bash scripts/official_env.sh dpg_bench`, docs/evaluators.md 'DPG-Bench's environment'"
+MPLUG_MODEL = "damo/mplug_visual-question-answering_coco_large_en"  # the model id compute_dpg_bench.py names
+# what compute_dpg_bench.py imports, and ModelScope's mPLUG pipeline (fairseq) with it
+MODULES = ("accelerate", "modelscope", "fairseq", "pandas", "PIL")
 PRECISIONS = ("no", "fp16", "bf16")
 
 
@@ -73,8 +76,13 @@ class DPGBenchOfficial:
     official script in its own environment.
 
     Args:
-        env_python: the interpreter of DPG-Bench's environment (e.g. /envs/dpg/bin/python).
-        repo: the TencentQQGYLab/ELLA checkout whose dpg_bench/compute_dpg_bench.py runs.
+        env_python: the interpreter of DPG-Bench's environment (null: `<home>/env/bin/python`).
+        repo: the TencentQQGYLab/ELLA checkout whose dpg_bench/compute_dpg_bench.py runs (null: `<home>/repo`).
+        home: the folder `scripts/official_env.sh dpg_bench` builds (null: $MULO_BENCH_CACHE/official/dpg_bench).
+        modelscope_cache: the MODELSCOPE_CACHE the evaluate step sets, where fetch puts mPLUG (null:
+            `<home>/modelscope`). The script runs there, so that the model id it names,
+            `damo/mplug_visual-question-answering_coco_large_en`, is that local folder: ModelScope loads
+            it without the network and the script is not edited.
         name: evaluator name.
         questions: the question graph passed as `--csv` (None: the checkout's dpg_bench/dpg_bench.csv).
         verify_questions: check that file against the pinned dpg_bench.csv @3c228f1 (off: a custom
@@ -84,18 +92,23 @@ class DPGBenchOfficial:
         processes: accelerate's --num_processes (GPUs; more than 1 adds --multi_gpu).
         mixed_precision: accelerate's --mixed_precision (dist_eval.sh: fp16).
         port: accelerate's --main_process_port.
-        commit: the checkout's commit when `repo` is not a git checkout (checked against HEAD when it is).
+        commit: the commit the checkout must be at (a git checkout: its HEAD; otherwise recorded as given).
 
-    Paths left unset (null or ???) are asked for when `evaluate` runs; set ones are checked here.
+    Nothing on disk is checked on construction (fetch builds it to list its assets); `check()` runs
+    before generation.
     """
 
     def __init__(self, env_python: str | None = None, repo: str | None = None, name: str = "dpg_bench_official",
                  questions: str | None = None, verify_questions: bool = True, accelerate: bool = True,
                  processes: int = 1, mixed_precision: str = "fp16", port: int = 29500,
-                 commit: str | None = None) -> None:
+                 commit: str | None = None, home: str | None = None, modelscope_cache: str | None = None) -> None:
         self.name = name
         self.key = f"evaluator.{name}"
-        self.paths = {"env_python": env_python, "repo": repo}
+        root = official_home("dpg_bench", home)
+        self.paths = {"env_python": env_python if given(env_python) else str(root / "env" / "bin" / "python"),
+                      "repo": repo if given(repo) else str(root / "repo")}
+        self.modelscope_cache = (Path(modelscope_cache).expanduser() if given(modelscope_cache)
+                                 else root / "modelscope").absolute()
         self.questions = questions if given(questions) else None
         self.verify_questions, self.accelerate, self.commit = verify_questions, accelerate, commit
         self.processes = checked_number(f"{self.key}.processes", processes, integer=True, low=1)
@@ -106,8 +119,6 @@ class DPGBenchOfficial:
         self.mixed_precision = mixed_precision
         self._env: OfficialEnv | None = None
         self._questions: Path | None = None
-        if any(given(value) for value in self.paths.values()):
-            self._env, self._questions = self._open()
 
     @property
     def version(self) -> str:
@@ -117,12 +128,33 @@ class DPGBenchOfficial:
         custom = "" if self.verify_questions else ",custom-questions"
         return f"dpg_bench-official@{commit}({launch}{custom})/mplug"
 
+    def assets(self) -> list:
+        """What `stages=[fetch]` brings: mPLUG, fetched by the modelscope of DPG-Bench's environment
+        into `modelscope_cache` (harness/assets)."""
+        from harness.assets.asset import ModelScopeModel
+
+        return [ModelScopeModel("evaluator dpg_bench_official (mPLUG)", MPLUG_MODEL, str(self.paths["env_python"]),
+                                str(self.modelscope_cache))]
+
+    def check(self) -> None:
+        """Before generation (harness/run.py): the environment runs and imports what the script
+        imports, the checkout is at `commit`, the question graph is the pinned one and mPLUG is in
+        `modelscope_cache`; OfficialEnvError naming what is missing and the command that fixes it."""
+        env, questions = (self._env, self._questions) if self._env is not None else self._open()
+        missing_modules(self.key, env.python, MODULES, f"build the environment with {RECIPE}")
+        for asset in self.assets():
+            if asset.missing():
+                raise OfficialEnvError(f"{self.key}: the ModelScope model {MPLUG_MODEL} is not in {self.modelscope_cache} "
+                                       "(the MODELSCOPE_CACHE the script runs with); fetch it with the same command "
+                                       f"and stages=[fetch], or `{asset.command()}`")
+        self._env, self._questions = env, questions
+
     def _open(self) -> tuple[OfficialEnv, Path]:
         """The checked environment and question file; OfficialEnvError naming the option and the fix."""
         unset_keys(self.key, self.paths)
         env = open_env(self.key, str(self.paths["env_python"]), str(self.paths["repo"]), (SCRIPT,), self.commit,
                        RECIPE)
-        questions = Path(self.questions).expanduser() if self.questions else env.repo / QUESTIONS
+        questions = (Path(self.questions).expanduser() if self.questions else env.repo / QUESTIONS).absolute()
         if not questions.is_file():
             option = f"{self.key}.questions={questions}" if self.questions else f"{self.key}.repo={env.repo}"
             raise OfficialEnvError(f"{option}: {questions} does not exist; give the DPG-Bench question graph "
@@ -142,8 +174,8 @@ class DPGBenchOfficial:
 
     def evaluate(self, samples: SampleSet) -> EvalResult:
         """Export the grids, run compute_dpg_bench.py, read its results file back."""
-        if self._env is None or self._questions is None:
-            self._env, self._questions = self._open()
+        self.check()
+        assert self._env is not None and self._questions is not None  # check() opened them
         groups = item_groups(samples)
         work = work_dir(samples.root, self.name)
         items = {f"{item}.png": grid_item(samples, ids) for item, ids in groups.values()}
@@ -153,7 +185,8 @@ class DPGBenchOfficial:
         fresh(work / RESULTS.replace(".txt", "_detail.txt"))
         args = ["--image-root-path", work / GRIDS, "--resolution", tile, "--csv", self._questions,
                 "--res-path", results, "--pic-num", IMAGES_PER_PROMPT, "--vqa-model", "mplug"]
-        run_script(self._env, SCRIPT, [str(a) for a in args], work / "compute_dpg_bench.log", self.launcher())
+        run_script(self._env, SCRIPT, [str(a) for a in args], work / "compute_dpg_bench.log", self.launcher(),
+                   cwd=self.modelscope_cache, variables={"MODELSCOPE_CACHE": str(self.modelscope_cache)})
         output = read_results(results)
         unknown = sorted(set(output.items) - {item.split(".")[0] for item, _ in groups.values()})
         if unknown:

@@ -41,6 +41,16 @@ class MplugVQA:
         self.name = f"mplug:{model.split('/')[-1]}"
         self._pipe = None
 
+    def check(self) -> None:
+        """Before generation: ModelScope's mPLUG pipeline imports here (MissingDependencyError naming the fix)."""
+        from evaluators.dependencies import require_modules
+
+        require_modules("evaluator dpg_bench (vqa mplug, in process)", ("modelscope", "fairseq"),
+                        "ModelScope's mPLUG needs fairseq, which does not build on Python >= 3.11. The DPG-Bench "
+                        "protocol scores with the official script: evaluator=[speed,dpg_bench_official] (the default "
+                        "of protocol=dpg_bench; build its environment with `bash scripts/official_env.sh dpg_bench`), "
+                        "or evaluator.dpg_bench.vqa._target_=evaluators.dpg_vqa.HFVQA, a named variant")
+
     def assets(self) -> list:
         """The ModelScope model `_pipeline` downloads (harness/assets)."""
         from harness.assets.asset import ModelScopeModel

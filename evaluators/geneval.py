@@ -150,6 +150,12 @@ class GenEvalEvaluator:
         self.batch_size = batch_size
         self.show_progress = show_progress
 
+    def check(self) -> None:
+        """Before generation (harness/run.py): what the detector and colour classifier import."""
+        for part in (self.detector, self.color_classifier):
+            if hasattr(part, "check"):
+                part.check()
+
     def assets(self) -> list:
         """What scoring downloads (harness/assets): the detector's and the colour classifier's files."""
         parts = (self.detector, self.color_classifier)

@@ -170,6 +170,16 @@ class MMDetBackend:
         """GenEval's 80 class names (read on first use)."""
         return _cached_names(self)
 
+    def check(self) -> None:
+        """Before generation: mmdet and mmcv import here (MissingDependencyError naming the fix)."""
+        from evaluators.dependencies import require_modules
+
+        require_modules("evaluator geneval (detector mmdet, in process)", ("mmdet", "mmcv"),
+                        "mmdet 3.x with mmcv's CUDA ops does not install beside the harness's torch. The GenEval "
+                        "protocol scores with the official scripts: evaluator=[speed,geneval_official] (the default "
+                        "of protocol=geneval; build its environment with `bash scripts/official_env.sh geneval`), "
+                        "or evaluator=[speed,geneval_hf], a named variant")
+
     def assets(self) -> list:
         """What `_load` downloads: the detector checkpoint (unless given) and the names."""
         from harness.assets.asset import UrlFile

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import re
+from dataclasses import replace
 from pathlib import Path, PurePath
 from typing import Any, Mapping, Sequence
 
@@ -33,8 +34,8 @@ import pandas as pd
 from evaluators.geneval import PER_SAMPLE_COLUMNS, geneval_metadata
 from evaluators.geneval_rules import summarize
 from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, OfficialEnvError, OfficialOutputError,
-                                     fresh, given, open_env, run_script, sync_export, text_digest,
-                                     unset_keys, work_dir)
+                                     fresh, given, missing_modules, official_home, open_env,
+                                     run_script, sync_export, text_digest, unset_keys, work_dir)
 from harness.api import EvalResult
 from harness.datasets.downloads import Pinned, mismatch, sha256_file
 from harness.store.samples import SampleSet
@@ -53,7 +54,15 @@ DETECTOR_SHA256 = "743b7d99015f1224c6d57fd4b14d04b15cc8ec72ae7ee7831e7c71d8873b7
 IMAGES = "images"
 RESULTS = "results.jsonl"
 SUMMARY_OUTPUT = "summary_scores.txt"
-RECIPE = "docs/evaluators.md, 'GenEval's environment'"
+RECIPE = "`bash scripts/official_env.sh geneval`, docs/evaluators.md 'GenEval's environment'"
+# what evaluate_images.py imports (besides numpy, pandas, PIL and torch)
+MODULES = ("mmdet", "mmcv", "open_clip", "clip_benchmark", "pandas")
+# open_clip 2.20 (environment.yml) loads `pretrained="openai"` ViT-L-14 from this URL into
+# ~/.cache/clip/ViT-L-14.pt and accepts a file there whose sha256 is the URL's folder name
+CLIP_DIR = "~/.cache/clip"
+CLIP_SHA256 = "b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836"
+CLIP_FILE = Pinned(name="ViT-L-14.pt", what="GenEval's colour classifier (open_clip ViT-L-14, openai)",
+                   url=f"https://openaipublic.azureedge.net/clip/models/{CLIP_SHA256}/ViT-L-14.pt", sha256=CLIP_SHA256)
 REQUIRED_FIELDS = ("filename", "tag", "correct", "reason")
 _OVERALL = re.compile(r"^Overall score \(avg\. over tasks\): (\S+)\s*$", re.MULTILINE)
 _OVERALL_DECIMALS = 5  # summary_scores.py prints the overall score with 5 decimals
@@ -64,31 +73,39 @@ class GenEvalOfficial:
     """GenEval accuracy of a SampleSet, computed by the official scripts in their own environment.
 
     Args:
-        env_python: the interpreter of GenEval's environment (e.g. /envs/geneval/bin/python).
-        repo: the djghosh13/geneval checkout whose evaluation/ scripts run.
-        model_path: the folder holding `<model>.pth` (evaluation/download_models.sh <folder>).
+        env_python: the interpreter of GenEval's environment (null: `<home>/env/bin/python`).
+        repo: the djghosh13/geneval checkout whose evaluation/ scripts run (null: `<home>/repo`).
+        model_path: the folder holding `<model>.pth` (null: `<home>/models`; fetch brings it there).
+        home: the folder `scripts/official_env.sh geneval` builds (null: $MULO_BENCH_CACHE/official/geneval).
+        clip_dir: where the environment's open_clip 2.20 reads `ViT-L-14.pt` (its `~/.cache/clip`, of
+            the user who runs the job); fetch brings the pinned file there.
+        clip_sha256: the CLIP file's pin (open_clip 2.20 checks the file against the same hash).
         name: evaluator name (the `evaluator` column, per_sample/<decoder>/<name>.csv).
         model_config: mmdet config file (None: the script's default, read from mmdet's source tree).
         options: evaluate_images.py `--options` (threshold, counting_threshold, max_objects,
             max_overlap, position_threshold, model, clip_model, bgcolor, crop); {}: the official defaults.
-        commit: the checkout's commit when `repo` is not a git checkout (checked against HEAD when it is).
+        commit: the commit the checkout must be at (a git checkout: its HEAD; otherwise recorded as given).
 
-    Paths left unset (null or ???) are asked for when `evaluate` runs; set ones are checked here,
-    before anything is generated.
+    Nothing is checked on construction (fetch builds it to list its assets); `check()` runs before
+    generation.
     """
 
     def __init__(self, env_python: str | None = None, repo: str | None = None, model_path: str | None = None,
                  name: str = "geneval_official", model_config: str | None = None,
-                 options: Mapping[str, Any] | None = None, commit: str | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, commit: str | None = None, home: str | None = None,
+                 clip_dir: str = CLIP_DIR, clip_sha256: str = CLIP_SHA256) -> None:
         self.name = name
         self.key = f"evaluator.{name}"
-        self.paths = {"env_python": env_python, "repo": repo, "model_path": model_path}
+        root = official_home("geneval", home)
+        self.paths = {"env_python": env_python if given(env_python) else str(root / "env" / "bin" / "python"),
+                      "repo": repo if given(repo) else str(root / "repo"),
+                      "model_path": model_path if given(model_path) else str(root / "models")}
+        self.clip_dir = Path(clip_dir).expanduser()
+        self.clip_file = replace(CLIP_FILE, sha256=clip_sha256)
         self.model_config = model_config if given(model_config) else None
         self.options = {str(k): str(v) for k, v in (options or {}).items()}
         self.commit = commit
         self._env: OfficialEnv | None = None
-        if any(given(value) for value in self.paths.values()):
-            self._env = self._open()
 
     @property
     def version(self) -> str:
@@ -100,30 +117,40 @@ class GenEvalOfficial:
         return f"geneval-official@{commit}/{detector}{options}"
 
     def check(self) -> None:
-        """Before generation (harness/run.py): the detector is in `model_path`. Not checked on
-        construction, so that `stages=[fetch]` can build this evaluator to fetch it."""
+        """Before generation (harness/run.py): the environment runs and imports what the script
+        imports, the checkout is at `commit` and holds the scripts, the detector is in `model_path`
+        and the CLIP file in `clip_dir`; OfficialEnvError naming what is missing and the command
+        that fixes it."""
         env = self._env or self._open()
-        detector = Path(str(self.paths["model_path"])).expanduser() / f"{self.options.get('model', DETECTOR)}.pth"
-        if not detector.is_file():
-            raise OfficialEnvError(f"{self.key}.model_path={detector.parent} has no {detector.name}; fetch it with "
-                                   f"stages=[fetch] or `bash {env.script('evaluation/download_models.sh')} "
-                                   f"{detector.parent}` ({RECIPE})")
+        missing_modules(self.key, env.python, MODULES, f"build the environment with {RECIPE}")
+        for asset in self.assets():
+            absent = asset.missing()
+            if absent:
+                raise OfficialEnvError(f"{self.key}: {', '.join(absent)} is not in {asset.path.parent} "
+                                       f"({asset.what}); fetch it with the same command and stages=[fetch], or "
+                                       f"`{asset.command()}`")
         if "model" not in self.options:  # the default detector decides every verdict: its pinned bytes
+            detector = Path(str(self.paths["model_path"])).expanduser() / f"{DETECTOR}.pth"
             found = mismatch(detector, detector_pin(detector.parent))
             if found is not None:
                 raise OfficialEnvError(f"{self.key}: {detector} has {found}, not the pinned sha256 {DETECTOR_SHA256} "
                                        f"of GenEval's detector (a damaged, truncated or substituted file); delete "
                                        f"it (rm {detector}) and fetch it again with stages=[fetch]")
+        self._env = env
 
     def assets(self) -> list:
         """What `stages=[fetch]` brings for the official script (harness/assets): its detector, into
-        `model_path` under the name download_models.sh gives it (the default detector only)."""
+        `model_path` under the name download_models.sh gives it (the default detector only), and
+        open_clip 2.20's ViT-L-14 `openai` file into `clip_dir` (the default CLIP only)."""
         from harness.assets.asset import UrlFile
 
-        if self.paths["model_path"] is None or "model" in self.options:
-            return []
-        folder = Path(str(self.paths["model_path"])).expanduser()
-        return [UrlFile("evaluator geneval_official", detector_pin(folder), str(folder))]
+        found = []
+        if "model" not in self.options:
+            folder = Path(str(self.paths["model_path"])).expanduser()
+            found.append(UrlFile("evaluator geneval_official", detector_pin(folder), str(folder)))
+        if "clip_model" not in self.options:
+            found.append(UrlFile("evaluator geneval_official CLIP", self.clip_file, str(self.clip_dir)))
+        return found
 
     def _open(self) -> OfficialEnv:
         """The checked environment; OfficialEnvError naming the option that is wrong and the fix."""
@@ -142,8 +169,7 @@ class GenEvalOfficial:
         `geneval_prompts`) and per_sample with PER_SAMPLE_COLUMNS, one row per image.
         """
         self.check()
-        if self._env is None:
-            self._env = self._open()
+        assert self._env is not None  # check() opened it
         records = samples.records()
         if records.empty:
             raise ValueError(f"{samples} has no complete samples; run the generate stage first")
@@ -174,9 +200,9 @@ class GenEvalOfficial:
     def _arguments(self, images: Path, results: Path) -> list[str]:
         """evaluate_images.py's command line after the script."""
         args = [str(images), "--outfile", str(results), "--model-path",
-                str(Path(str(self.paths["model_path"])).expanduser())]
+                str(Path(str(self.paths["model_path"])).expanduser().absolute())]
         if self.model_config is not None:
-            args += ["--model-config", str(Path(self.model_config).expanduser())]
+            args += ["--model-config", str(Path(self.model_config).expanduser().absolute())]
         if self.options:
             args += ["--options", *(f"{k}={v}" for k, v in self.options.items())]
         return args

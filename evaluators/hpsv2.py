@@ -75,6 +75,12 @@ class HPSv2Evaluator:
         weights = self._model[3] if self._model else f"{self.arch}:{CHECKPOINTS[self.hps_version]}"
         return f"hpsv2-{VERSION}/{self.hps_version}/{weights}"
 
+    def check(self) -> None:
+        """Before generation (harness/run.py): open_clip imports here."""
+        from evaluators.dependencies import require_modules
+
+        require_modules("evaluator hpsv2", ("open_clip",), "install the harness's dependencies: pip install -e .")
+
     def assets(self) -> list:
         """What `load` downloads (harness/assets): the HPS checkpoint of `hps_version`, unless given."""
         from harness.assets.asset import HubFiles

@@ -95,7 +95,7 @@ def open_env(key: str, env_python: str, repo: str, scripts: Sequence[str], commi
     Raises:
         OfficialEnvError: naming the config key, the path and the fix.
     """
-    python = Path(env_python).expanduser()
+    python = Path(env_python).expanduser().absolute()
     if python.is_dir():
         raise OfficialEnvError(f"{key}.env_python={python} is a folder; give the environment's interpreter, "
                                f"e.g. {python / 'bin' / 'python'} ({recipe})")
@@ -104,7 +104,7 @@ def open_env(key: str, env_python: str, repo: str, scripts: Sequence[str], commi
         raise OfficialEnvError(f"{key}.env_python={python} {what}; give the python of the environment "
                                f"built as {recipe}, e.g. /path/to/env/bin/python")
     _check_runs(key, python)
-    checkout = Path(repo).expanduser()
+    checkout = Path(repo).expanduser().absolute()
     if not checkout.is_dir():
         raise OfficialEnvError(f"{key}.repo={checkout} is not a folder; give the path of the official "
                                f"repository checkout ({recipe})")
@@ -113,6 +113,32 @@ def open_env(key: str, env_python: str, repo: str, scripts: Sequence[str], commi
             raise OfficialEnvError(f"{key}.repo={checkout} has no {relative}; give the root of an unmodified "
                                    f"checkout of the official repository ({recipe})")
     return OfficialEnv(key=key, python=python, repo=checkout, commit=checkout_commit(key, checkout, commit))
+
+
+def official_home(name: str, home: str | None) -> Path:
+    """The folder `scripts/official_env.sh <name>` builds an official environment in (`env/`, its
+    interpreter `env/bin/python`; `repo/`, the checkout at the pinned commit) and fetch fills with
+    what the script reads: `home`, else `$MULO_BENCH_CACHE/official/<name>`."""
+    from harness.datasets.downloads import cache_root
+
+    return (Path(home).expanduser() if given(home) else cache_root() / OFFICIAL_DIR / name).absolute()
+
+
+def missing_modules(key: str, python: Path, modules: Sequence[str], fix: str) -> None:
+    """OfficialEnvError naming the `modules` the environment's python cannot find (the packages the
+    official script imports), and `fix`."""
+    probe = ("import importlib.util, sys; "
+             "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+    try:
+        done = subprocess.run([str(python), "-c", probe, *modules], capture_output=True, text=True, timeout=300,
+                              env=script_environment(python))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OfficialEnvError(f"{key}.env_python={python} does not run ({exc}); {fix}") from exc
+    absent = done.stdout.split()
+    if done.returncode != 0 or absent:
+        said = ", ".join(absent) or (done.stderr.strip().splitlines() or ["no output"])[-1][:_TAIL_CHARS]
+        raise OfficialEnvError(f"{key}.env_python={python} cannot import what the official script imports "
+                               f"({said}); {fix}")
 
 
 def _check_runs(key: str, python: Path) -> None:
@@ -175,9 +201,10 @@ def script_environment(python: Path) -> dict[str, str]:
 
 
 def run_script(env: OfficialEnv, script: str, args: Sequence[str], log_path: Path,
-               launcher: Sequence[str] = ()) -> None:
-    """Run `env.python [launcher...] <repo>/<script> args...` in the checkout, stdout and stderr
-    into `log_path`.
+               launcher: Sequence[str] = (), cwd: Path | None = None,
+               variables: Mapping[str, str] | None = None) -> None:
+    """Run `env.python [launcher...] <repo>/<script> args...` in `cwd` (None: the checkout), stdout
+    and stderr into `log_path`, with `variables` added to the script's environment.
 
     Raises:
         OfficialScriptError: a non-zero exit status; the message names the script, the log and
@@ -191,8 +218,8 @@ def run_script(env: OfficialEnv, script: str, args: Sequence[str], log_path: Pat
         out.write((" ".join(command) + "\n").encode())
         out.flush()
         try:
-            status = subprocess.run(command, cwd=env.repo, stdout=out, stderr=subprocess.STDOUT,
-                                    env=script_environment(env.python)).returncode
+            status = subprocess.run(command, cwd=cwd or env.repo, stdout=out, stderr=subprocess.STDOUT,
+                                    env={**script_environment(env.python), **(variables or {})}).returncode
         except OSError as exc:
             raise OfficialEnvError(f"{env.key}.env_python={env.python} could not start {script} ({exc})") from exc
     if status != 0:
@@ -305,8 +332,9 @@ def _read_manifest(path: Path) -> dict[str, dict[str, str]]:
 
 
 def work_dir(root: Path, name: str) -> Path:
-    """`<SampleSet root>/official/<evaluator name>/`, created."""
-    folder = root / OFFICIAL_DIR / name
+    """`<SampleSet root>/official/<evaluator name>/`, created, as an absolute path (the script runs in
+    another working directory, and `samples_dir` may be relative)."""
+    folder = (root / OFFICIAL_DIR / name).absolute()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -43,9 +43,10 @@ class InputError(Exception):
 # `needs_metadata` (read by harness/preflight.py), `paper_setting` (a decoder's paper values of the
 # keys a world may move), `operating_points` (a model's settings of decoders on its world, read by
 # the decoders' configs), `paper_precision` (a model's published precision keys:
-# harness/comparisons.model_setting).
+# harness/comparisons.model_setting), `gpu` and `seconds_per_image` (an evaluator's, read by the
+# evaluate guard and the budget).
 INFO_KEYS = ("requires", "provides", "lacks", "needs_metadata", "paper_setting", "operating_points",
-             "paper_precision")
+             "paper_precision", "gpu", "seconds_per_image")
 
 
 class ConfigValueError(InputError, ValueError):

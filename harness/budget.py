@@ -12,7 +12,12 @@ condition cache does not keep it) measured on a batch of b images of this job: t
 the warm-up, the batch_size batch on the decoder's first untimed batch. k(b) is the seconds one
 condition entry (Tar's LLM sample of an image, LlamaGen's text features of a prompt) took when it was
 computed at b. Compile time is measured apart (a decode that compiled graphs is decoded again for
-c(b)) and left out, as are PNG writes, the decodes that re-measure after a compile, and evaluators.
+c(b)) and left out, as are PNG writes and the decodes that re-measure after a compile.
+
+The evaluate stage is added beside it, said apart: each planned evaluator's images (every decoder's
+whole SampleSet, which the evaluate stage scores, in this job or a later one) x the seconds per image
+its config states (`seconds_per_image`, an assumed figure on a GPU, not measured by this job); the
+evaluate stage logs what each evaluator took.
 """
 from __future__ import annotations
 
@@ -58,15 +63,27 @@ class Conditioning:
     ahead_s: float = 0.0  # the seconds they took, measured
 
 
+@dataclass(frozen=True, slots=True)
+class EvaluateCost:
+    """An evaluator's share: the `images` it scores x `seconds_per_image` (its config's assumed figure
+    on a GPU; None: the config states none)."""
+
+    evaluator: str
+    images: int
+    seconds_per_image: float | None
+
+
 @dataclass(frozen=True)
 class Budget:
-    """The estimate: seconds per decoder and for conditioning, compile seconds measured apart."""
+    """The estimate: seconds per decoder and for conditioning, compile seconds measured apart, and
+    the evaluate stage's assumed seconds."""
 
     decode_s: dict[str, float]
     condition_s: float
     compile_s: float
     unit: str
     lines: list[str] = field(default_factory=list)
+    evaluate_s: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -75,8 +92,9 @@ class Budget:
     def __str__(self) -> str:
         hours = self.seconds / 3600
         head = (f"budget: about {hours:.3g} {self.unit} for this job's generation (decoding "
-                f"{sum(self.decode_s.values()) / 3600:.3g} h, conditioning {self.condition_s / 3600:.3g} h); "
-                "compile, PNG writes and evaluators not included")
+                f"{sum(self.decode_s.values()) / 3600:.3g} h, conditioning {self.condition_s / 3600:.3g} h), "
+                f"and about {self.evaluate_s / 3600:.3g} GPU-hours to evaluate (assumed per-image costs, below); "
+                "compile and PNG writes not included")
         if self.compile_s:
             head += f"; compiling took {self.compile_s:.1f} s in the warm-up, measured apart"
         return "\n".join([head, *(f"  {line}" for line in self.lines)])
@@ -84,7 +102,7 @@ class Budget:
 
 def estimate(work: Sequence[Work], costs: Mapping[tuple[str, int], Cost], *, reps: int, timed_size: int,
              batch_size: int, conditioning: Conditioning, compile_s: float = 0.0,
-             device: str = "cpu") -> Budget:
+             device: str = "cpu", evaluate: Sequence[EvaluateCost] = ()) -> Budget:
     """The budget of `work` (module docstring) from the per-decoder `costs` measured at each batch
     size ((decoder, batch size) -> Cost). A batch size a decoder was not measured at takes its
     cost at the other one, said so in the lines."""
@@ -122,8 +140,17 @@ def estimate(work: Sequence[Work], costs: Mapping[tuple[str, int], Cost], *, rep
             seconds, said = 0.0, "not measured: no entry was computed in the warm-up"
         condition_s += entries * seconds
         lines.append(f"conditioning: {entries} entries to compute at batch {size} x {seconds:.4g} s ({said})")
+    evaluate_s = 0.0
+    for item in evaluate:
+        if item.seconds_per_image is None:
+            lines.append(f"evaluate {item.evaluator}: {item.images} images, no per-image cost stated "
+                         f"(evaluator.{item.evaluator}.seconds_per_image); left out")
+            continue
+        evaluate_s += item.images * item.seconds_per_image
+        lines.append(f"evaluate {item.evaluator}: {item.images} images x {item.seconds_per_image:.4g} s (assumed on a "
+                     f"GPU: evaluator.{item.evaluator}.seconds_per_image) = {item.images * item.seconds_per_image / 3600:.3g} h")
     unit = "GPU-hours" if device.startswith("cuda") else "CPU-hours"
-    return Budget(decode, condition_s, compile_s, unit, lines)
+    return Budget(decode, condition_s, compile_s, unit, lines, evaluate_s)
 
 
 def _other(costs: Mapping[tuple[str, int], Cost], decoder: str) -> Cost:

@@ -66,7 +66,7 @@ import torch
 
 from harness.runtime import engine
 from harness.api import ConfigValueError, Decoder, ModelBundle
-from harness.budget import Conditioning, Cost, Work, estimate
+from harness.budget import Conditioning, Cost, EvaluateCost, Work, estimate
 from harness.progress import progress
 from harness.store.conditions import ConditionCache, Ledger, cacheable
 from harness.store.samples import SampleSet, SampleSpec
@@ -345,7 +345,7 @@ def _reps(values: Sequence[float | None]) -> str | None:
 
 def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size: int, warmup_batches: int,
                  timing: Timing, device: torch.device, stopwatch: Stopwatch | None = None,
-                 conditions: ConditionCache | None = None) -> dict[str, int]:
+                 conditions: ConditionCache | None = None, evaluate: Sequence[EvaluateCost] = ()) -> dict[str, int]:
     """Generate every pending sample of `specs` for every job (module docstring); return the number
     of samples made per decoder. Complete samples are skipped, so a killed job resumes. Conditions
     come through `conditions` (None: a cache in memory for this call)."""
@@ -375,7 +375,8 @@ def generate_all(jobs: Sequence[Job], specs: Sequence[SampleSpec], *, batch_size
     probed: set[str] = set()  # decoders whose first untimed batch was decoded with the warm-up
     if warmup_batches > 0:
         _warm_up(jobs, timed, untimed, probed, watch, conditions, run_token, made, warmup_batches=warmup_batches,
-                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device, ahead=ahead)
+                 reps=timing.reps, timed_size=timed_size, batch_size=batch_size, device=device, ahead=ahead,
+                 evaluate=evaluate)
     shapes_before = engine.compiled_shapes()  # engine=compiled: graphs compiled so far (warm-up)
     compile_before = engine.compile_seconds()
     if engine.compiled_anywhere():  # compile time, reported apart: no timed decode includes it
@@ -432,7 +433,8 @@ def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
              untimed: dict[str, list[list[SampleSpec]]], probed: set[str], watch: Stopwatch,
              conditions: ConditionCache, run_token: str, made: dict[str, int], *, warmup_batches: int,
              reps: int, timed_size: int, batch_size: int, device: torch.device,
-             ahead: tuple[int, float] = (0, 0.0)) -> None:
+             ahead: tuple[int, float] = (0, 0.0),
+             evaluate: Sequence[EvaluateCost] = ()) -> None:
     """The warm-up (module docstring), measured, and the budget it gives: every decoder decodes its
     first `warmup_batches` timed batches (discarded); one with untimed images not yet measured at
     batch_size decodes its first untimed batch, which is written (its name goes into `probed`)."""
@@ -472,7 +474,7 @@ def _warm_up(jobs: Sequence[Job], timed: dict[str, list[list[SampleSpec]]],
     conditioning = Conditioning(to_compute[0], to_compute[1], per_entry.get(timed_size), per_entry.get(batch_size),
                                 ahead=ahead[0], ahead_s=ahead[1])
     log.info("%s", estimate(work, costs, reps=reps, timed_size=timed_size, batch_size=batch_size,
-                            conditioning=conditioning, compile_s=compile_s, device=device.type))
+                            conditioning=conditioning, compile_s=compile_s, device=device.type, evaluate=evaluate))
 
 
 def _write_untimed(job: Job, batch: list[SampleSpec], pixels: Any, gen: Any, batch_id: str, peak: int) -> None:

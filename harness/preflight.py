@@ -77,7 +77,8 @@ def model_parts(model: DictConfig) -> set[str]:
         repo = isinstance(model.get(f"{part}_repo"), str) and bool(model.get(f"{part}_repo"))
         if f"{part}_size" in model:  # a repo with a size (Lumina-mGPT's drafter): both named
             repo = repo and model.get(f"{part}_size") is not None
-        if flag is True or (isinstance(file, str) and file) or repo or part in listed:
+        named = (isinstance(file, str) and bool(file)) or (isinstance(file, ListConfig) and len(file) > 0)
+        if flag is True or named or repo or part in listed:
             parts.add(part)
     return parts
 
@@ -371,6 +372,56 @@ def check_offline(cfg: DictConfig, evaluators: Sequence[Any]) -> None:
             + "".join(f"\n  {line}" for line in missing)
             + "\nRun the same command with stages=[fetch] on a node with internet (it fetches all of them), "
             "then copy the caches (HF_HOME, $MULO_BENCH_CACHE) here")
+
+
+def evaluator_devices(node: Any, key: str) -> list[tuple[str, str]]:
+    """Every `device` option of an evaluator config node and its parts (detector, vqa, colour
+    classifier), as (config key, value)."""
+    found = []
+    if isinstance(node, DictConfig):
+        for name, value in node.items():
+            if name == "device" and (value is None or isinstance(value, str)):
+                found.append((f"{key}.device", str(value or "auto")))
+            elif isinstance(value, DictConfig):
+                found += evaluator_devices(value, f"{key}.{name}")
+    return found
+
+
+def check_evaluate_device(cfg: DictConfig, names: Sequence[str]) -> None:
+    """A GPU evaluator (`gpu: true` in its config) whose device resolves to the CPU stops the job,
+    unless `evaluate_on_cpu: true` says so: scoring a protocol's images on a CPU takes hours.
+
+    Raises:
+        ConfigValueError: naming the evaluator, the device option and its value, and the override.
+    """
+    if cfg.get("evaluate_on_cpu"):
+        return
+    for name in names:
+        node = cfg.evaluator[name]
+        if not node.get("gpu"):
+            continue
+        for key, value in evaluator_devices(node, f"evaluator.{name}"):
+            resolved = ("cuda" if torch.cuda.is_available() else "cpu") if value == "auto" else value
+            if resolved.split(":")[0] == "cpu":
+                raise ConfigValueError(
+                    f"evaluator {name} is a GPU evaluator but would run on the CPU here ({key}={value}, "
+                    f"torch.cuda.is_available() is {torch.cuda.is_available()}): it takes hours there. Run the "
+                    "evaluate stage on a GPU node, or pass evaluate_on_cpu=true to score on the CPU on purpose")
+
+
+def evaluate_costs(cfg: DictConfig, names: Sequence[str], images: int) -> list[Any]:
+    """The evaluate stage's share of the budget: per planned evaluator (speed excepted: it reads the
+    decode statistics), the `images` it scores and its config's `seconds_per_image`."""
+    from harness.budget import EvaluateCost
+
+    found = []
+    for name in names:
+        node = cfg.evaluator[name]
+        if str(node.get("_target_", "")).endswith("SpeedEvaluator"):
+            continue
+        rate = node.get("seconds_per_image")
+        found.append(EvaluateCost(name, images, None if rate is None else float(rate)))
+    return found
 
 
 def cpu_dtype_warning(model: DictConfig, device: Any) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -116,11 +117,20 @@ def _evaluators(cfg: DictConfig, names: list[str]) -> list[Evaluator]:
 
 
 def _check_evaluators(evaluators: list[Evaluator]) -> None:
-    """Each evaluator's own check of what it needs on this machine (its `check()`, where it has one),
-    before anything is generated."""
+    """Each evaluator's own check of what it needs on this machine (its `check()`: imports, an official
+    environment, its checkout and commit, its files), before anything is generated."""
     for evaluator in evaluators:
         if hasattr(evaluator, "check"):
             evaluator.check()
+
+
+def _warn_evaluate_stage(cfg: DictConfig, names: list[str]) -> None:
+    """A generate-only job (a shard) warns when the evaluate stage of the same command would stop on
+    this machine (its evaluators' `check()`), so that the fix is made while the shards run."""
+    try:
+        _check_evaluators(_evaluators(cfg, names))
+    except InputError as err:
+        log.warning("the evaluate stage of this command will stop unless this is fixed first: %s", err)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
@@ -166,8 +176,12 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     full_plan = plan(prompts, cfg.images_per_prompt, cfg.seed)  # what an evaluate stage scores
     _check_shard_stages(cfg)
     evaluators = _evaluators(cfg, jobs_plan.evaluators) if "evaluate" in cfg.stages else []  # fail now
+    if "evaluate" in cfg.stages:
+        preflight.check_evaluate_device(cfg, jobs_plan.evaluators)
     preflight.check_offline(cfg, evaluators)  # offline: every file the stages read is here
     _check_evaluators(evaluators)
+    if "generate" in cfg.stages and "evaluate" not in cfg.stages:
+        _warn_evaluate_stage(cfg, jobs_plan.evaluators)
     samples_root = Path(cfg.samples_dir) if cfg.samples_dir else out_dir / "samples"
     if "generate" in cfg.stages:
         _writable(samples_root, "samples directory (samples_dir)")
@@ -201,7 +215,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         conditions = ConditionCache(conditions_root, model=bundle.name,
                                     config=model_config if isinstance(model_config, dict) else None, device=device)
         generate_all(jobs, specs, batch_size=cfg.batch_size, warmup_batches=cfg.warmup_batches,
-                     timing=timing, device=device, conditions=conditions)
+                     timing=timing, device=device, conditions=conditions,
+                     evaluate=preflight.evaluate_costs(cfg, jobs_plan.evaluators, len(full_plan) * len(decoders)))
     if "evaluate" in cfg.stages and "generate" not in cfg.stages:  # a generate stage bound them
         for name, sample_set in sample_sets.items():  # before any row is written
             check_stored(cfg, name, sample_set.root, sample_set.binding())
@@ -354,8 +369,13 @@ def _evaluate(cfg: DictConfig, decoder: str, sample_set: SampleSet, evaluators: 
     and named in `failures`; the others still run."""
     frames = []
     for ev in evaluators:
+        started = time.perf_counter()
         try:
             res = ev.evaluate(sample_set)
+            seconds = time.perf_counter() - started
+            images = len(sample_set.records())
+            log.info("[%s] evaluate %s: %d images in %.1f s (%.3g s per image)", decoder, ev.name, images, seconds,
+                     seconds / max(images, 1))
         except Exception as err:  # noqa: BLE001 - any failure: keep the other evaluators' rows
             log.error("[%s] evaluator %s failed: %s: %s", decoder, ev.name, type(err).__name__, err,
                       exc_info=not isinstance(err, InputError))

@@ -141,7 +141,8 @@ def test_lumina_768_names_lanterns_released_head() -> None:
     cfg = compose_cfg(["model=lumina_mgpt_768"])
     assert cfg.model.eagle_head_repo == "sihwanpark/LANTERN-Lumina-mGPT-7B-768"
     heads = [a for a in model_assets(cfg.model) if a.repo == cfg.model.eagle_head_repo]
-    assert len(heads) == 1 and set(heads[0].patterns) == {"model.safetensors", "config.json"}
+    assert len(heads) == 1 and heads[0].patterns == ("config.json",)
+    assert heads[0].weights == (("pytorch_model.bin",), ("model.safetensors",))  # LANTERN's order
     node = compose_cfg(["model=lumina_mgpt_768", "decoder=[eagle2]"]).decoder["eagle2"]
     assert preflight.decoder_problem("eagle2", node, cfg.model) is None
 

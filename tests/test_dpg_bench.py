@@ -408,13 +408,16 @@ def test_report_both_writes_each_mode_from_one_set_of_answers(tmp_path: Path) ->
 
 
 def test_dpg_bench_protocol_scores_with_the_official_rules() -> None:
-    """protocol=dpg_bench composes with official_compat true (the paper's script) and report_both off;
-    the override adds the corrected rows."""
+    """protocol=dpg_bench scores with the official script (dpg_bench_official); the in-process variant
+    selected under it composes with official_compat true (the paper's script's rules) and report_both
+    off; the override adds the corrected rows."""
     from tests.conftest import compose_cfg
 
-    cfg = compose_cfg(["+experiment=paper_main", "protocol=dpg_bench"])
+    default = compose_cfg(["+experiment=paper_main", "protocol=dpg_bench"]).evaluator
+    assert "_target_" in default.dpg_bench_official and "_target_" not in default.dpg_bench
+    variant = ["+experiment=paper_main", "protocol=dpg_bench", "evaluator=[speed,dpg_bench]"]
+    cfg = compose_cfg(variant)
     assert cfg.evaluator.dpg_bench.official_compat is True and cfg.evaluator.dpg_bench.report_both is False
-    cfg = compose_cfg(["+experiment=paper_main", "protocol=dpg_bench",
-                       "evaluator.dpg_bench.report_both=true"])
+    cfg = compose_cfg([*variant, "evaluator.dpg_bench.report_both=true"])
     assert cfg.evaluator.dpg_bench.official_compat is True and cfg.evaluator.dpg_bench.report_both is True
     assert compose_cfg(["evaluator=[dpg_bench]"]).evaluator.dpg_bench.official_compat is False

@@ -80,7 +80,7 @@ def test_field_on_geneval_keeps_the_rows() -> None:
     cfg = compose_cfg(["+experiment=field", "model=llamagen_xl_512", "protocol=geneval"])
     jobs = preflight.plan(cfg)
     assert cfg.dataset.name == "geneval" and cfg.images_per_prompt == 4
-    assert jobs.decoders == _runnable("llamagen_xl_512") and jobs.evaluators == ["speed", "geneval"]
+    assert jobs.decoders == _runnable("llamagen_xl_512") and jobs.evaluators == ["speed", "geneval_official"]
 
 
 def test_a_protocol_evaluator_left_out_on_the_command_line_is_skipped() -> None:

@@ -25,8 +25,10 @@ import pandas as pd
 import pytest
 
 from evaluators.dpg_bench import DPGBenchEvaluator
-from evaluators.dpg_bench_official import DPGBenchOfficial
-from evaluators.geneval_official import DETECTOR, GenEvalOfficial
+from evaluators.dpg_bench_official import MPLUG_MODEL, DPGBenchOfficial
+from evaluators.geneval_official import CLIP_FILE, DETECTOR, GenEvalOfficial
+from harness.assets.asset import ModelScopeModel
+from tests.official_envs import DPG_MODULES, GENEVAL_MODULES, standin_env
 from evaluators.geneval_rules import summarize
 from evaluators.official_env import OfficialEnvError, OfficialOutputError, OfficialScriptError
 from harness.api import Prompt
@@ -174,9 +176,18 @@ def geneval_repo(root: Path, mode: str = "ok") -> Path:
 
 
 def geneval_official(root: Path, **kwargs: Any) -> GenEvalOfficial:
-    options = {"env_python": sys.executable, "repo": str(root / "geneval"), "model_path": str(root / "detector"),
-               "commit": "standin0", **kwargs}
+    """The evaluator on the stand-in checkout, a stand-in environment and the stand-in CLIP file."""
+    (root / "clip").mkdir(exist_ok=True)
+    (root / "clip" / CLIP_FILE.name).write_bytes(b"stand-in")
+    options = {"env_python": str(standin_env(root / "env", GENEVAL_MODULES)), "repo": str(root / "geneval"),
+               "model_path": str(root / "detector"), "clip_dir": str(root / "clip"), "commit": "standin0", **kwargs}
     return GenEvalOfficial(**options)
+
+
+def checked(evaluator: Any) -> Any:
+    """`evaluator` after its check() (which opens the environment and finds the commit)."""
+    evaluator.check()
+    return evaluator
 
 
 def expected_geneval(samples: SampleSet) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -208,6 +219,17 @@ def test_geneval_official_reads_back_the_official_results(tmp_path: Path) -> Non
     pd.testing.assert_frame_equal(result.per_sample.reset_index(drop=True), per_sample.reset_index(drop=True))
     pd.testing.assert_frame_equal(result.summary.reset_index(drop=True), summary.reset_index(drop=True))
     assert set(summary["metric"]) == {"geneval", "geneval_images", "geneval_prompts"}
+
+
+def test_a_relative_samples_dir_reaches_the_script_as_an_absolute_path(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's samples_dir is relative to where the job runs; the script runs in its checkout."""
+    geneval_repo(tmp_path)
+    evaluator = geneval_official(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    samples = sample_set(Path("results") / "samples", GENEVAL_PROMPTS, per_prompt=1)
+    result = evaluator.evaluate(samples)
+    assert len(result.per_sample) == 3
 
 
 def test_geneval_official_export_is_the_official_layout(tmp_path: Path) -> None:
@@ -375,44 +397,61 @@ def test_summary_scores_disagreeing_with_the_results_is_refused(tmp_path: Path) 
 def test_wrong_env_python_and_repo_are_named(tmp_path: Path) -> None:
     geneval_repo(tmp_path)
     with pytest.raises(OfficialEnvError, match=r"evaluator.geneval_official.env_python=\S*nowhere/bin/python does "
-                                               "not exist"):
-        geneval_official(tmp_path, env_python=str(tmp_path / "nowhere" / "bin" / "python"))
+                                               "not exist.*scripts/official_env.sh geneval"):
+        geneval_official(tmp_path, env_python=str(tmp_path / "nowhere" / "bin" / "python")).check()
     with pytest.raises(OfficialEnvError, match="is a folder; give the environment's interpreter"):
-        geneval_official(tmp_path, env_python=str(tmp_path))
+        geneval_official(tmp_path, env_python=str(tmp_path)).check()
     impostor = tmp_path / "impostor"
     impostor.write_text("#!/bin/sh\necho 'not python' >&2\nexit 1\n")
     impostor.chmod(0o755)
     with pytest.raises(OfficialEnvError, match="does not run as Python 3 .exit status 1: not python"):
-        geneval_official(tmp_path, env_python=str(impostor))
+        geneval_official(tmp_path, env_python=str(impostor)).check()
     with pytest.raises(OfficialEnvError, match=r"evaluator.geneval_official.repo=\S+ has no "
                                                "evaluation/evaluate_images.py"):
-        geneval_official(tmp_path, repo=str(tmp_path / "detector"))
+        geneval_official(tmp_path, repo=str(tmp_path / "detector")).check()
     missing_detector = geneval_official(tmp_path, model_path=str(tmp_path))  # stages=[fetch] can build it
-    with pytest.raises(OfficialEnvError, match=f"model_path=\\S+ has no {DETECTOR}.pth; fetch it"):
+    with pytest.raises(OfficialEnvError, match=f"{DETECTOR}.pth is not in \\S+ .*stages=\\[fetch\\]"):
         missing_detector.check()
-    with pytest.raises(OfficialEnvError, match="evaluator.geneval_official.repo, evaluator.geneval_official"
-                                               ".model_path must be set"):
-        GenEvalOfficial(env_python=sys.executable)
-    unset = GenEvalOfficial()  # an unconfigured evaluator instantiates, and asks when it is used
-    with pytest.raises(OfficialEnvError, match="env_python, evaluator.geneval_official.repo"):
-        unset.evaluate(sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=1))
+    bare = standin_env(tmp_path / "bare", ())  # runs, but lacks what evaluate_images.py imports
+    with pytest.raises(OfficialEnvError, match="cannot import what the official script imports .mmdet, mmcv, "
+                                               "clip_benchmark.*scripts/official_env.sh geneval"):
+        geneval_official(tmp_path, env_python=str(bare)).check()
+    (tmp_path / "clip" / CLIP_FILE.name).unlink()
+    no_clip = geneval_official(tmp_path)
+    (tmp_path / "clip" / CLIP_FILE.name).unlink()
+    with pytest.raises(OfficialEnvError, match="ViT-L-14.pt is not in .*clip .*stages=\\[fetch\\]"):
+        no_clip.check()
+
+
+def test_unbuilt_default_environment_names_the_build_command(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no path configured, both official evaluators look in $MULO_BENCH_CACHE/official/<name> and,
+    when nothing is built there, say which command builds it; constructing them checks nothing."""
+    monkeypatch.setenv("MULO_BENCH_CACHE", str(tmp_path / "cache"))
+    for evaluator, name in ((GenEvalOfficial(), "geneval"), (DPGBenchOfficial(), "dpg_bench")):
+        home = tmp_path / "cache" / "official" / name
+        with pytest.raises(OfficialEnvError, match=f"env_python={home}/env/bin/python does not exist.*"
+                                                   f"bash scripts/official_env.sh {name}"):
+            evaluator.check()
+        with pytest.raises(OfficialEnvError):
+            evaluator.evaluate(sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=1))
 
 
 def test_the_commit_is_the_checkouts_head(tmp_path: Path) -> None:
     repo = geneval_repo(tmp_path)
     with pytest.raises(OfficialEnvError, match=r"is not a git checkout.*evaluator.geneval_official.commit="):
-        geneval_official(tmp_path, commit=None)
+        checked(geneval_official(tmp_path, commit=None))
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "stand-in"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    assert geneval_official(tmp_path, commit=None).version.startswith(f"geneval-official@{head}/")
-    assert head in geneval_official(tmp_path, commit=head[:7]).version
+    assert checked(geneval_official(tmp_path, commit=None)).version.startswith(f"geneval-official@{head}/")
+    assert head in checked(geneval_official(tmp_path, commit=head[:7])).version
     with pytest.raises(OfficialEnvError, match=f"is at commit {head}, not evaluator.geneval_official.commit=abc"):
-        geneval_official(tmp_path, commit="abc")
+        checked(geneval_official(tmp_path, commit="abc"))
     (repo / "evaluation" / "summary_scores.py").write_text("# changed\n")
-    assert f"@{head}-dirty/" in geneval_official(tmp_path, commit=None).version
+    assert f"@{head}-dirty/" in checked(geneval_official(tmp_path, commit=None)).version
 
 
 # ---------------------------------------------------------------- DPG-Bench stand-ins
@@ -542,9 +581,24 @@ def dpg_repo(root: Path, mode: str = "ok") -> Path:
 
 
 def dpg_official(root: Path, **kwargs: Any) -> DPGBenchOfficial:
-    options = {"env_python": sys.executable, "repo": str(root / "ella"), "commit": "standin1",
-               "verify_questions": False, "accelerate": False, **kwargs}
+    """The evaluator on the stand-in checkout, a stand-in environment and a stand-in mPLUG in its
+    MODELSCOPE_CACHE (fetched: the completion marker written)."""
+    cache = root / "modelscope"
+    standin_mplug(cache)
+    options = {"env_python": str(standin_env(root / "env", DPG_MODULES)), "repo": str(root / "ella"),
+               "commit": "standin1", "verify_questions": False, "accelerate": False,
+               "modelscope_cache": str(cache), **kwargs}
     return DPGBenchOfficial(**options)
+
+
+def standin_mplug(cache: Path) -> Path:
+    """A stand-in mPLUG folder where ModelScope puts it in `cache`, as a completed fetch leaves it."""
+    folder = cache / MPLUG_MODEL
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "configuration.json").write_text('{"task": "visual-question-answering"}')
+    asset = ModelScopeModel("mPLUG", MPLUG_MODEL, sys.executable, str(cache))
+    asset._marker().write_text('[["configuration.json", 38]]')
+    return folder
 
 
 class FabricatedVQA:
@@ -626,7 +680,7 @@ def test_dpg_official_launches_as_dist_eval_sh(tmp_path: Path) -> None:
         dpg_official(tmp_path, processes=0)
     with pytest.raises(OfficialEnvError, match=r"evaluator.dpg_bench_official.questions=\S+none.csv: \S+ does not "
                                                "exist"):
-        dpg_official(tmp_path, questions=str(tmp_path / "none.csv"))
+        dpg_official(tmp_path, questions=str(tmp_path / "none.csv")).check()
 
 
 def test_the_script_does_not_see_the_harness_python_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -652,12 +706,15 @@ def test_geneval_official_rows_reach_summary_csv(tmp_path: Path, capsys: pytest.
     from tests.test_bad_inputs import outcome
 
     geneval_repo(tmp_path)
+    (tmp_path / "clip").mkdir()
+    (tmp_path / "clip" / CLIP_FILE.name).write_bytes(b"stand-in")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": p.id.split("/")[1], **p.meta}) + "\n" for p in GENEVAL_PROMPTS))
     status, err = outcome(tmp_path, [
         "dataset=prompt_file", f"dataset.path={prompts}", "decoder=[raster]", "images_per_prompt=2",
-        "evaluator=[speed,geneval_official]", f"evaluator.geneval_official.env_python={sys.executable}",
-        f"evaluator.geneval_official.repo={tmp_path / 'geneval'}",
+        "evaluator=[speed,geneval_official]",
+        f"evaluator.geneval_official.env_python={standin_env(tmp_path / 'env', GENEVAL_MODULES)}",
+        f"evaluator.geneval_official.clip_dir={tmp_path / 'clip'}", f"evaluator.geneval_official.repo={tmp_path / 'geneval'}",
         f"evaluator.geneval_official.model_path={tmp_path / 'detector'}", "evaluator.geneval_official.commit=standin0",
     ], capsys)
     assert status == 0, err

@@ -17,8 +17,8 @@ from tests.conftest import compose_cfg
 
 REAL = ("llamagen_xl_512", "tar_1.5b_512", "tar_7b_512", "tar_1.5b_1024", "tar_7b_1024")
 PROTOCOLS = {  # protocol -> (dataset, prompts, images per prompt, evaluators, batch size)
-    "geneval": ("geneval", 553, 4, ["speed", "geneval"], 16),
-    "dpg_bench": ("dpg_bench", 1065, 4, ["speed", "dpg_bench"], 16),
+    "geneval": ("geneval", 553, 4, ["speed", "geneval_official"], 16),
+    "dpg_bench": ("dpg_bench", 1065, 4, ["speed", "dpg_bench_official"], 16),
     "coco5k": ("coco5k", 5000, 1, ["speed", "fid", "hpsv2"], 16),
     "latency": ("coco5k", 100, 1, ["speed"], 1),
 }

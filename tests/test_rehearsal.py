@@ -1,8 +1,13 @@
 """The rehearsal of the README's GPU path, with the real download clients and real HTTP: a local model
 hub and mirror on 127.0.0.1 (tests/rehearsal/hub.py) serve stand-in repositories under the official
-repo ids and file names (tests/rehearsal/standins.py); `stages=[fetch]` fetches from them into empty
-caches; then generate and evaluate run with the network unreachable (`unshare -n`, HF_HUB_OFFLINE=1)
-and every evaluator row of the protocol must be in summary.csv.
+repo ids and file names (tests/rehearsal/standins.py). The README's commands run as a user types them
+(tests/doc_commands.rehearsed: the GPU section's words, for each model and protocol, with the local
+launcher for SLURM and two shards for eight), each followed by the overrides that shrink the models to
+the stand-ins and run them on the CPU: `stages=[fetch]` into empty caches, then the sharded generate
+and the evaluate stage with the network unreachable (`unshare -n`, HF_HUB_OFFLINE=1); every evaluator
+row of the protocol must be in summary.csv. The official evaluators of protocol=geneval / dpg_bench
+run their stand-in scripts in stand-in environments built where scripts/official_env.sh builds the
+real ones (tests/rehearsal/official.py).
 
 Marked `rehearsal` (minutes; run by .ci/run with `pytest -m rehearsal`). Needs ../shared/data (the
 prompt files the mirror serves, so that their pins hold), transformers (the FLAN-T5 and Qwen2
@@ -28,17 +33,18 @@ if not SHARED.is_dir():
     pytest.skip(f"{SHARED} is absent: the rehearsal serves the real prompt files", allow_module_level=True)
 pytest.importorskip("transformers", reason="the FLAN-T5 / Qwen2 stand-ins load through transformers")
 
-from tests.rehearsal import standins  # noqa: E402 - after the skips
+from tests.doc_commands import rehearsed  # noqa: E402 - after the skips
+from tests.rehearsal import official, standins  # noqa: E402
 from tests.rehearsal.hub import Hub, serve  # noqa: E402
 
 CAN_UNSHARE = subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
 MODELS = {"llamagen": "llamagen_xl_512", "tar": "tar_1.5b_512"}
 # per protocol: the overrides that keep the job to a few images, and the evaluator rows it must write
 PROTOCOLS = {
-    "geneval": (["dataset_limit=1", "evaluator=[speed,geneval_hf]"], {"geneval_hf"}),
-    "dpg_bench": (["dataset_limit=2", "evaluator.dpg_bench.vqa._target_=evaluators.dpg_vqa.HFVQA",
-                   "evaluator.dpg_bench.vqa.model=Salesforce/blip-vqa-base", "evaluator.dpg_bench.verify_questions=false"],
-                  {"dpg_bench"}),
+    "geneval": (["dataset_limit=1", f"++evaluator.geneval_official.clip_sha256={official.CLIP_SHA256}"],
+                {"geneval_official"}),
+    "dpg_bench": (["dataset_limit=2", "evaluator.dpg_bench_official.verify_questions=false",
+                   "evaluator.dpg_bench_official.accelerate=false"], {"dpg_bench_official"}),
     "coco5k": (["dataset_limit=2"], {"fid", "hpsv2"}),
     "latency": (["dataset_limit=1"], set()),
 }
@@ -48,6 +54,7 @@ PROTOCOLS = {
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Hub:
     root = tmp_path_factory.mktemp("hub")
     standins.build(root, SHARED)
+    official.serve_files(root / "mirror")
     standins.question_graph(root / "dpg_bench.csv")
     server = serve(root)
     yield server
@@ -60,7 +67,8 @@ def _env(hub: Hub, caches: Path, offline: bool) -> dict[str, str]:
         "PYTHONPATH": f"{ROOT / 'tests' / 'rehearsal' / 'site'}{os.pathsep}{ROOT}",
         "HF_HOME": str(caches / "hf"), "MULO_BENCH_CACHE": str(caches / "mulo_bench"),
         "TORCH_HOME": str(caches / "torch"), "HF_HUB_DISABLE_XET": "1", "OMP_NUM_THREADS": "1",
-        "HF_ENDPOINT": hub.url, "MULO_BENCH_MIRROR": f"{hub.url}/mirror",
+        "HF_ENDPOINT": hub.url, "MULO_BENCH_MIRROR": f"{hub.url}/mirror", "HOME": str(caches / "home"),
+        "MODELSCOPE_DOMAIN": f"{hub.url.split('://', 1)[1]}/mirror/modelscope",  # the modelscope client's mirror
         "REHEARSAL_STANDIN_PINS": str(hub.root / standins.STANDIN_PINS),
     })
     if offline:
@@ -68,40 +76,58 @@ def _env(hub: Hub, caches: Path, offline: bool) -> dict[str, str]:
     return env
 
 
-def _harness(args: list[str], env: dict[str, str], cwd: Path, offline: bool = False):
-    command = [sys.executable, "-m", "harness", *args]
+def _harness(args: list[str], env: dict[str, str], cwd: Path, offline: bool = False, module: str = "harness"):
+    command = [sys.executable, "-m", module, *args]
     if offline and CAN_UNSHARE:
         command = ["unshare", "-n", *command]
     return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
-def _job(family: str, protocol: str, hub: Hub, extra: list[str] = ()) -> list[str]:
-    model = MODELS[family]
-    args = ["+experiment=paper_main", f"model={model}", f"protocol={protocol}", *standins.OVERRIDES[model],
-            *PROTOCOLS[protocol][0], "device=cpu", "threads=1", "batch_size=4", "warmup_batches=0",
-            "timing.reps=1", "timing.images=1", "report=false", "require_cuda=false"]
+def _standin(family: str, protocol: str, hub: Hub) -> list[str]:
+    """What the rehearsal adds to a README command: the stand-ins' sizes, the CPU, a few prompts."""
+    args = [*standins.OVERRIDES[MODELS[family]], *PROTOCOLS[protocol][0], "device=cpu", "threads=1", "batch_size=4",
+            "warmup_batches=0", "timing.reps=1", "timing.images=1", "report=false", "require_cuda=false",
+            "evaluate_on_cpu=true"]
     if protocol == "dpg_bench":
         args += [f"dataset.prompts={SHARED / 'dpg_bench' / 'prompts'}",
-                 f"evaluator.dpg_bench.questions={hub.root / 'dpg_bench.csv'}"]
+                 f"evaluator.dpg_bench_official.questions={hub.root / 'dpg_bench.csv'}"]
     if protocol != "coco5k":  # the paper's rows on one protocol; raster alone on the others
         args.append("decoder=[raster]")
-    return [*args, *extra]
+    return args
+
+
+def _job(family: str, protocol: str, hub: Hub, extra: list[str] = ()) -> list[str]:
+    model = MODELS[family]
+    return ["+experiment=paper_main", f"model={model}", f"protocol={protocol}", *_standin(family, protocol, hub),
+            *extra]
 
 
 @pytest.mark.skipif(not CAN_UNSHARE, reason="`unshare -n` is not permitted here: the offline half needs it")
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 @pytest.mark.parametrize("family", list(MODELS))
-def test_rehearsal_fetch_then_offline(family: str, protocol: str, hub: Hub, tmp_path: Path) -> None:
-    caches, run = tmp_path / "caches", tmp_path / "run"
-    fetched = _harness([*_job(family, protocol, hub), "stages=[fetch]", f"hydra.run.dir={tmp_path / 'fetch'}"],
-                       _env(hub, caches, offline=False), tmp_path)
-    assert fetched.returncode == 0, fetched.stderr[-4000:]
-    done = _harness([*_job(family, protocol, hub), f"hydra.run.dir={run}"], _env(hub, caches, offline=True),
-                    tmp_path, offline=True)
+def test_rehearsal_readme_steps_fetch_then_offline(family: str, protocol: str, hub: Hub, tmp_path: Path) -> None:
+    caches = tmp_path / "caches"
+    official.build_homes(caches / "mulo_bench")  # as `bash scripts/official_env.sh <name>` would
+    fetch, generate, evaluate, tables = rehearsed(MODELS[family], protocol)
+    extra = _standin(family, protocol, hub)
+    online, offline = _env(hub, caches, offline=False), _env(hub, caches, offline=True)
+    done = _harness([*fetch.words[2:], *extra, f"hydra.run.dir={tmp_path / 'fetch'}"], online, tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
-    summary = pd.read_csv(run / "summary.csv")
+    done = _harness([*generate.words[2:], *extra], offline, tmp_path, offline=True)  # the shards, one after the other
+    assert done.returncode == 0, done.stderr[-4000:]
+    done = _harness([*evaluate.words[2:], *extra], offline, tmp_path, offline=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = list((tmp_path / "results" / "paper_main").glob("*/summary.csv"))  # the evaluate job's run folder
+    assert len(found) == 1, found
+    summary = pd.read_csv(found[0])
     assert PROTOCOLS[protocol][1] <= set(summary.evaluator), sorted(set(summary.evaluator))
     assert "speed" in set(summary.evaluator)
+    if protocol in ("geneval", "dpg_bench"):  # scored by the official scripts at their pinned commits
+        versions = set(summary[summary.evaluator == f"{protocol}_official"].evaluator_version.astype(str))
+        assert versions and all(("@af4902f" in v or "@3c228f1" in v) for v in versions), versions
+    if (family, protocol) == ("tar", "geneval"):  # the README's own pair: its step 4 as well
+        done = _harness(tables.words[2:], offline, tmp_path, offline=True, module="harness.tables")
+        assert done.returncode == 0, done.stderr[-4000:]
     hf = caches / "hf" / "hub"
     if family == "llamagen":  # only the files the loaders read came down
         t5 = list((hf / "models--google--flan-t5-xl").rglob("*"))

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from harness.api import InputError
 from harness.assets.asset import Asset, Entry, HubFiles, hub_offline
@@ -73,20 +73,41 @@ def model_assets(model: DictConfig) -> list[Asset]:
     for key in CONDITIONER_KEYS:
         node = model.get(key)
         if isinstance(node, DictConfig) and node.get("repo_id") and not node.get("local_path"):
-            files = _loader_files(node)
-            found.append(HubFiles(f"model.{key}", str(node.repo_id), files, node.get("cache_dir"),
-                                  required=("config.json",)))
+            found.append(conditioner_asset(f"model.{key}", node))
     return found
+
+
+def conditioner_asset(what: str, node: DictConfig) -> HubFiles:
+    """A text encoder / LLM repo as its loader class reads it: its `FILES`, and one weight file at
+    least, in the loader's `WEIGHTS` order (safetensors, else .bin)."""
+    from hydra.utils import get_class
+
+    from harness.models.hub import WEIGHT_ORDER
+
+    loader = get_class(str(node._target_))
+    return HubFiles(what, str(node.repo_id), _loader_files(node), node.get("cache_dir"), required=("config.json",),
+                    weights=tuple(tuple(group) for group in getattr(loader, "WEIGHTS", WEIGHT_ORDER)))
 
 
 def _head_assets(model: DictConfig) -> list[Asset]:
     """The EAGLE head files of a whole-repo model (Lumina-mGPT, Janus-Pro, Emu3) in its own
-    `eagle_head_repo` (LANTERN's Lumina-mGPT head), or none (no repo, a path, random_init)."""
+    `eagle_head_repo` (LANTERN's Lumina-mGPT head), or none (no repo, a path, random_init). A list of
+    weight files is the loader's order (LANTERN's: pytorch_model.bin, then model.safetensors): the
+    first the repo holds is fetched."""
     repo = model.get("eagle_head_repo")
     if not repo or model.get("random_init"):
         return []
-    files = tuple(str(model.get(k)) for k in ("eagle_head_file", "eagle_head_config")
-                  if isinstance(model.get(k), str) and model.get(k) and "/" not in str(model.get(k)))
+    weights = model.get("eagle_head_file")
+    config = model.get("eagle_head_config")
+    config_files = (str(config),) if isinstance(config, str) and config and "/" not in config else ()
+    if isinstance(weights, ListConfig):
+        names = tuple(str(n) for n in weights if "/" not in str(n))
+        if not names:
+            return []
+        return [HubFiles(f"model {model.get('name')} EAGLE head", str(repo), config_files, model.get("cache_dir"),
+                         required=config_files, weights=tuple((n,) for n in names))]
+    files = tuple(f for f in (str(weights) if isinstance(weights, str) and weights and "/" not in weights else "",
+                              *config_files) if f)
     if not files:
         return []
     return [HubFiles(f"model {model.get('name')} EAGLE head", str(repo), files, model.get("cache_dir"))]

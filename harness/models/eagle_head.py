@@ -49,7 +49,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -419,7 +419,8 @@ def read_info(path: Path) -> dict[str, Any]:
     return json.loads(_safetensors(path)[0].get("info", "{}"))
 
 
-def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *, file: str | None = None,
+def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *,
+               file: str | Sequence[str] | None = None,
                config_file: str | None = None, repo_id: str | None = None, local_dir: str | None = None,
                cache_dir: str | None = None, random: bool = False, seed: int = 0,
                trust_pickle: bool = False, vocab_ids: Tensor | None = None) -> EagleHead:
@@ -433,9 +434,12 @@ def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *, 
       from_pretrained falls back to) and `config_file` (config.json); a Chameleon head keeps the
       embedding rows `vocab_ids` (load_lantern).
     A file with a directory part is a path; a bare name is read from `local_dir` or downloaded from
-    the Hugging Face repo `repo_id` (harness.models.hub.resolve).
+    the Hugging Face repo `repo_id` (harness.models.hub.resolve). A list of names is tried in its order,
+    the first found is read: LANTERN's own loader tries `pytorch_model.bin`, then `model.safetensors`.
     """
-    trained_file = bool(file) and Path(str(file)).name != file and Path(str(file)).expanduser().is_file()
+    names = [str(n) for n in file] if isinstance(file, (list, tuple)) else ([str(file)] if file else [])
+    file = names[0] if len(names) == 1 else (names or None)
+    trained_file = isinstance(file, str) and Path(file).name != file and Path(file).expanduser().is_file()
     if random and not trained_file:
         return random_head(target_cfg, tok_embeddings, seed)
     if not file:
@@ -454,7 +458,7 @@ def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *, 
                                "model.local_dir, or give a path")
         return resolve(repo_id or "(local)", name, local, cache_dir)
 
-    path = find(file)
+    path = find(names[0]) if len(names) == 1 else _first_found(names, find)
     if path.suffix == ".safetensors" and has_head_metadata(path):
         head = load_trained(path)
     else:
@@ -469,6 +473,18 @@ def build_head(target_cfg: "GPTConfig | TargetSpec", tok_embeddings: Tensor, *, 
     check_compatible(head.cfg, target_cfg, str(path))
     log.info("loaded the EAGLE head %s", path)
     return head
+
+
+def _first_found(names: Sequence[str], find: Any) -> Path:
+    """`find(name)` of the first of `names` that is found (each WeightsError: try the next); the last
+    error, naming every name tried, when none is."""
+    errors = []
+    for name in names:
+        try:
+            return find(name)
+        except WeightsError as err:
+            errors.append(f"{name}: {err}")
+    raise WeightsError(f"no EAGLE head file of {names} was found, tried in that order ({'; '.join(errors)})")
 
 
 def head_spec(target: Any) -> "GPTConfig | TargetSpec":

@@ -56,6 +56,41 @@ def resolve(repo_id: str, filename: str, local_path: str | None = None, cache_di
             f"(or copy the HF cache and set HF_HOME / HF_HUB_OFFLINE=1)") from err
 
 
+# Weight formats in the order transformers' from_pretrained reads them: safetensors (single or sharded),
+# else the pickled .bin files. A repo is fetched with the first format it holds, never both.
+WEIGHT_ORDER: tuple[tuple[str, ...], ...] = (("*.safetensors", "model.safetensors.index.json"),
+                                             ("*.bin", "pytorch_model.bin.index.json"))
+
+
+def weight_files(folder: Path, patterns: Sequence[str]) -> list[str]:
+    """The files of `folder` (top level) matching one of `patterns`."""
+    from fnmatch import fnmatch
+
+    return sorted(p.name for p in folder.iterdir() if (p.is_file() or p.is_symlink())
+                  and any(fnmatch(p.name, pattern) for pattern in patterns))
+
+
+def weights_snapshot(repo_id: str, local_path: str | None, cache_dir: str | None, files: Sequence[str],
+                     order: Sequence[Sequence[str]] = WEIGHT_ORDER) -> str:
+    """`snapshot` of `files` plus the repo's weights in the loader's `order`: the first format the
+    repo holds (an earlier format found, the later ones are not downloaded).
+
+    Raises:
+        WeightsError: the folder holds no weight file of any format in `order`.
+    """
+    folder = Path(snapshot(repo_id, local_path, cache_dir, [*files, *order[0]]))
+    for patterns in order:
+        if weight_files(folder, patterns):
+            return str(folder)
+        if not local_path:
+            folder = Path(snapshot(repo_id, None, cache_dir, [*files, *patterns]))
+            if weight_files(folder, patterns):
+                return str(folder)
+    wanted = ", then ".join(p[0] for p in order)
+    raise WeightsError(f"{local_path or f'the Hugging Face repo {repo_id}'} holds no weight file ({wanted}, in the "
+                       "order the loader reads them); check the repo id, or fetch it with stages=[fetch]")
+
+
 def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None = None,
              allow_patterns: Sequence[str] | None = None) -> str:
     """A local folder of a Hub repo (transformers models): `local_path`, or a snapshot download of the

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from harness.models.condition import TextCondition
-from harness.models.hub import WeightsError, dtype_of, snapshot
+from harness.models.hub import WEIGHT_ORDER, WeightsError, dtype_of, weights_snapshot
 from harness.models.official_model import PaddedCondition
 
 log = logging.getLogger(__name__)
@@ -168,9 +168,10 @@ def clean_caption(text: str) -> str:
 class FlanT5Encoder:
     """FLAN-T5 encoder features through transformers (`T5EncoderModel`), loaded on construction."""
 
-    # the repo files it reads (config, tokenizer, safetensors weights; not the .bin / TF / Flax copies)
-    FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
-             "*.safetensors", "model.safetensors.index.json")
+    # the repo files it reads (config, tokenizer) and its weights in WEIGHTS order: safetensors, else .bin
+    # (transformers' order; never both, never the TF / Flax copies)
+    FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "spiece.model")
+    WEIGHTS = WEIGHT_ORDER
 
     def __init__(self, repo_id: str = "google/flan-t5-xl", local_path: str | None = None,
                  cache_dir: str | None = None, max_length: int = 120, dtype: str = "bf16",
@@ -180,7 +181,7 @@ class FlanT5Encoder:
         except ImportError as err:
             raise ImportError("LlamaGen's caption encoder needs transformers (and sentencepiece): "
                               "pip install transformers sentencepiece") from err
-        folder = snapshot(repo_id, local_path, cache_dir, self.FILES)
+        folder = weights_snapshot(repo_id, local_path, cache_dir, self.FILES, self.WEIGHTS)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder)
             self.model = T5EncoderModel.from_pretrained(folder, torch_dtype=dtype_of(dtype)).eval()

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from harness.api import ConfigValueError
 from harness.models.condition import TextCondition
-from harness.models.hub import WeightsError, dtype_of, snapshot
+from harness.models.hub import WEIGHT_ORDER, WeightsError, dtype_of, snapshot, weights_snapshot
 from harness.models.tar.row_sampler import GREEDY, RowSampler, effective_config, generation_diff
 from harness.models.tar.tatok import TATokCodeEmbedding
 
@@ -97,10 +97,11 @@ class TarLLM:
     the checkpoint's `generation_config.json` with the given temperature / top_p / top_k on top,
     applied per row as `generate(do_sample=True)` applies it to that row alone."""
 
-    # the repo files it reads (config, generation defaults, Qwen2 tokenizer and chat template, weights)
+    # the repo files it reads (config, generation defaults, Qwen2 tokenizer and chat template) and its
+    # weights in WEIGHTS order: safetensors, else .bin (transformers' order; never both)
     FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-             "merges.txt", "added_tokens.json", "special_tokens_map.json", "chat_template.*", "*.safetensors",
-             "model.safetensors.index.json")
+             "merges.txt", "added_tokens.json", "special_tokens_map.json", "chat_template.*")
+    WEIGHTS = WEIGHT_ORDER
 
     def __init__(self, repo_id: str = "csuhan/Tar-1.5B", local_path: str | None = None,
                  cache_dir: str | None = None, scale: int = 0, seq_len: int = 729, dtype: str = "bf16",
@@ -114,7 +115,7 @@ class TarLLM:
             from transformers import AutoTokenizer, Qwen2ForCausalLM
         except ImportError as err:
             raise ImportError("Tar's LLM stage needs transformers: pip install transformers") from err
-        folder = snapshot(repo_id, local_path, cache_dir, self.FILES)
+        folder = weights_snapshot(repo_id, local_path, cache_dir, self.FILES, self.WEIGHTS)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder)
             self.model = Qwen2ForCausalLM.from_pretrained(folder, torch_dtype=dtype_of(dtype)).eval()
