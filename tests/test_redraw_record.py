@@ -71,6 +71,10 @@ def test_recorded_t0_and_region_equal_a_recomputation_from_rejections_and_radius
         assert row["first_rejection"] == t0
         assert {i for i, v in enumerate(int_list(row["redraw_map"])) if v} == region
         assert sum(int_list(row["redraw_map"])) == stat.extra["resample_set"]
+        changed = np.array(int_list(row["changed_map"]), dtype=bool)
+        draft = unpack_tokens(row["draft_tokens"])
+        assert np.array_equal(changed, draft != out.tokens[out.stats.index(stat)].numpy())
+        assert not (changed & ~np.array(int_list(row["redraw_map"]), dtype=bool)).any()
     assert some, "no image rejected anything: the check would be empty"
 
 

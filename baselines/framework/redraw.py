@@ -5,6 +5,8 @@ Recorded for decoders whose scope marks positions for resampling (MuLo-SD's `loc
     first_rejection  t0, the raster index of the first rejected draft (N = rows * cols: none);
     redraw_map       [rows * cols] 0/1: the positions the target redrew (t0 and the resample set
                      R_X: the radius-l windows of the rejections, at or after t0), raster order;
+    changed_map      [rows * cols] 0/1: the positions whose final token differs from the draft
+                     (a redrawn position may draw its draft token again);
     draft_tokens     [rows * cols] the image as drafted (position 0: the target's prefill token,
                      which is never drafted; then the up-sampled draft as first proposed),
                      packed (harness/store/packed.py);
@@ -36,17 +38,18 @@ from baselines.framework.scope import RejectionScope
 TAU_GRID: tuple[float, ...] = (0.0, 1e-8, 1e-6, 1e-4, 1e-3, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 
-def record_redraw(rec: StatsRecorder, s: dict[str, Tensor], first_token: Tensor) -> None:
-    """Record first_rejection [B], redraw_map [B, N] and draft_tokens [B, N] from the stacked steps
-    s (StatsRecorder.stacked: active, start [S, B], first [S, B], rejected, resample and draft
-    [S, B, L]); first_token [B]: the token the prefill sampled at position 0."""
+def record_redraw(rec: StatsRecorder, s: dict[str, Tensor], tokens: Tensor) -> None:
+    """Record first_rejection [B], redraw_map, changed_map and draft_tokens [B, N] from the stacked
+    steps s (StatsRecorder.stacked: active, start [S, B], first [S, B], rejected, resample and
+    draft [S, B, L]) and the final tokens [B, N] (position 0: the prefill's token)."""
     n = rec.n_tokens
-    batch = first_token.shape[0]
-    device = first_token.device
+    batch = tokens.shape[0]
+    device = tokens.device
     if not s:  # nothing was verified (a one-token image)
         rec.column("first_rejection", torch.full((batch,), n, dtype=torch.long, device=device))
         rec.column("redraw_map", torch.zeros(batch, n, dtype=torch.long, device=device))
-        rec.column("draft_tokens", first_token[:, None].expand(batch, n), packed=True)
+        rec.column("changed_map", torch.zeros(batch, n, dtype=torch.long, device=device))
+        rec.column("draft_tokens", tokens, packed=True)
         return
     length = s["rejected"].shape[-1]
     offsets = torch.arange(length, device=device)
@@ -62,9 +65,10 @@ def record_redraw(rec: StatsRecorder, s: dict[str, Tensor], first_token: Tensor)
     for step in reversed(range(index.shape[0])):  # the first proposal of a position is written last
         where = torch.where(valid[step], index[step], n)
         draft.scatter_(1, where, s["draft"][step])
-    draft[:, 0] = first_token
+    draft[:, 0] = tokens[:, 0]
     rec.column("first_rejection", t0)
     rec.column("redraw_map", region[:, :n])
+    rec.column("changed_map", (draft[:, :n] != tokens).long())
     rec.column("draft_tokens", draft[:, :n], packed=True)
 
 

@@ -109,7 +109,7 @@ class SpeculativeDecoder:
         steps = rec.stacked()
         self._summarise(rec, steps)
         if scope.needs_resampler:  # MuLo-SD: where it redrew, and the one-pass tau curve
-            record_redraw(rec, steps, canvas.tokens[:, 0])
+            record_redraw(rec, steps, canvas.tokens[:, :n])
             if "score" in steps and scope.rounds == 1 and getattr(draft, "whole_image", False):
                 record_tau_curve(rec, ctx, scope, self.resampler, steps["score"][0], steps["start"][0])
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
