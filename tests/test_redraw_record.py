@@ -16,7 +16,14 @@ from baselines.methods.upsamplers import PixelUpsampler
 from harness.api import ModelBundle, SamplingParams, int_list
 from harness.run import guided
 from harness.shapes.bundle import load
+from harness.api import Prompt
+from harness.shapes.captions import parse
+from harness.report.figures import Panel
+from harness.report.redraw_figures import draft_decoder, mulo_figures
+from harness.report.redraws import redraws, region_figures, seam_length, tau_curve
+from harness.shapes.missing import missing_objects
 from harness.store.packed import pack_tokens, unpack_tokens
+from harness.store.samples import SampleSet, plan
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=None, top_p=1.0, cfg_scale=1.5)
@@ -119,3 +126,47 @@ def test_block_drafts_record_a_region_but_no_tau_curve(shapes: ModelBundle) -> N
         rejected = [i for i, v in enumerate(int_list(row["rejection_map"])) if v]
         assert row["first_rejection"] == min(rejected, default=256)
         assert len(unpack_tokens(row["draft_tokens"])) == 256
+
+
+def _store(root, models: ModelBundle, tokens, stats, prompts) -> SampleSet:  # type: ignore[no-untyped-def]
+    samples = SampleSet(root)
+    images = models.target.decode(tokens).permute(0, 2, 3, 1).numpy()
+    for spec, image, stat in zip(plan([Prompt(id=f"p{i}", text=t, meta=parse(t)) for i, t in enumerate(prompts)], 1, 0), images, stats):
+        samples.write(spec, image, stat.as_row())
+    return samples
+
+
+def test_report_reads_the_records_and_draws_panels_and_the_tau_curve(shapes: ModelBundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cond = shapes.condition(PROMPTS)
+    out = _mulo(tau=0.1).generate(shapes, cond, SEEDS)
+    raster = _mulo(tau=0.0).generate(shapes, cond, SEEDS)  # any set of the same samples (raster is slow here)
+    samples = _store(tmp_path / "mulo", shapes, out.tokens, out.stats, PROMPTS)
+    raster_set = _store(tmp_path / "raster", shapes, raster.tokens, raster.stats, PROMPTS)
+    records = redraws(samples)
+    assert [r.first_rejection for r in records] == [s.as_row()["first_rejection"] for s in out.stats]
+    figures = region_figures(records)
+    shares = [s.extra["resample_set"] / 256 for s in out.stats]
+    assert figures["share_redrawn"] == pytest.approx(np.mean(shares))
+    curve = tau_curve(samples)
+    assert curve.rejected[0] == 0 and curve.redrawn[-1] > curve.redrawn[1] > 0
+    decode = draft_decoder("shapes")
+    assert decode is not None and draft_decoder("llamagen_xl_512") is None
+    assert np.array_equal(decode(records[0].draft), shapes.target.decode(torch.as_tensor(records[0].draft)
+                                                                         .reshape(1, -1)).permute(0, 2, 3, 1)[0].numpy())
+    written = mulo_figures([Panel("MuLo-SD", samples)], "shapes", "shapes", "test", tmp_path, raster_set, count=3)
+    assert [p.name for _, p in written] == ["redraws_shapes_0.png", "tau_curve_shapes.png"]
+    assert "objects missing (shapes detector): raster" in written[0][0]
+
+
+def test_seam_length_counts_cell_edges_between_region_and_rest() -> None:
+    region = np.zeros((5, 5), dtype=bool)
+    region[1:3, 1:4] = True  # a 2 x 3 block: perimeter 2 * (2 + 3) = 10 edges
+    assert seam_length(region) == 10
+    region[:, :] = True
+    assert seam_length(region) == 0
+
+
+def test_missing_objects_counts_shortfalls_per_clause() -> None:
+    blank = np.full((64, 64, 3), 255, dtype=np.uint8)
+    meta = {"include": [{"class": "circle", "count": 2}, {"class": "square", "count": 1, "color": "red"}]}
+    assert missing_objects(blank, meta) == (3, 3)
