@@ -43,11 +43,14 @@ def _mulo(tau: float, radius: int = 3, rows: int | None = None) -> SpeculativeDe
                               IslandResampler("parallel", window=2))
 
 
-def _brute_region(rejected: list[int], radius: int, grid: tuple[int, int]) -> tuple[int, set[int]]:
-    """t0 and the redraw region from the rejected raster positions, by the definition (paper §6)."""
+def _brute_region(rejected: list[int], radius: int | str, grid: tuple[int, int]) -> tuple[int, set[int]]:
+    """t0 and the redraw region from the rejected raster positions, by the definition (paper §6;
+    radius "all": every position from t0 on)."""
     rows, cols = grid
     n = rows * cols
     t0 = min(rejected, default=n)
+    if radius == "all":
+        return t0, set(range(t0, n))
     region = {u for u in range(t0, n) for t in rejected
               if abs(u // cols - t // cols) <= radius and abs(u % cols - t % cols) <= radius}
     return t0, region
@@ -62,9 +65,9 @@ def test_packed_tokens_round_trip_and_refuse_garbage() -> None:
         unpack_tokens("zi4:!!!!")
 
 
-@pytest.mark.parametrize("radius", [0, 3])
+@pytest.mark.parametrize("radius", [0, 3, "all"])
 def test_recorded_t0_and_region_equal_a_recomputation_from_rejections_and_radius(
-        shapes: ModelBundle, radius: int) -> None:
+        shapes: ModelBundle, radius: int | str) -> None:
     decoder = _mulo(tau=0.1, radius=radius)
     out = decoder.generate(shapes, shapes.condition(PROMPTS), SEEDS)
     grid = tuple(shapes.target.grid)
@@ -170,3 +173,23 @@ def test_missing_objects_counts_shortfalls_per_clause() -> None:
     blank = np.full((64, 64, 3), 255, dtype=np.uint8)
     meta = {"include": [{"class": "circle", "count": 2}, {"class": "square", "count": 1, "color": "red"}]}
     assert missing_objects(blank, meta) == (3, 3)
+
+
+def test_radius_all_redraws_every_position_after_the_first_rejection() -> None:
+    accept = torch.ones(2, 15, dtype=torch.bool)
+    accept[0, 6] = False  # raster position 7 of a 4 x 4 grid (block from position 1)
+    res = LocalScope("all").resolve(accept, torch.tensor([15, 15]), (4, 4))
+    assert res.first.tolist() == [6, 15]
+    assert res.resample[0].nonzero().flatten().tolist() == list(range(7, 15))
+    assert res.keep[0].tolist() == [True] * 6 + [False] * 9 and not res.resample[1].any()
+    with pytest.raises(ValueError, match="or 'all'"):
+        LocalScope("everything")
+
+
+def test_ablation_local_runs_radius_zero_and_everything_after_t0() -> None:
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["+experiment=ablation_local"])
+    assert cfg.decoder.mulo_l0.scope.radius == 0 and cfg.decoder.mulo_after_t0.scope.radius == "all"
+    paper = compose_cfg(["+experiment=paper_ablation_local"])
+    assert paper.decoder.mulo_after_t0.scope.radius == "all"
