@@ -75,3 +75,21 @@ def test_round_trip_on_the_stand_in_equals_nearest_pixel_resizing_for_an_identit
     high = other.up(low, ctx)
     assert high.shape == (3, 8, 8) and int(high.min()) >= 0 and int(high.max()) < 32
     assert other.down(high, ctx).shape == (3, 4, 4)
+
+
+def test_shipped_networks_are_checked_against_their_manifest(bundle: ModelBundle, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from baselines.methods import sr_upsampler
+    from baselines.training.train_sr import MANIFEST_NAME, record
+
+    path = _save(tmp_path, name="sr_compact_8x8.safetensors")
+    record(path, {"world": "test"})
+    monkeypatch.setattr(sr_upsampler, "MANIFEST", tmp_path / MANIFEST_NAME)
+    monkeypatch.setattr(sr_upsampler, "shipped_sr", lambda grid: tmp_path / f"sr_compact_{grid[0]}x{grid[1]}.safetensors")
+    ctx = Context(models=bundle, cond=None, sampling=None, streams=None, device=torch.device("cpu"))
+    low = torch.randint(0, 32, (1, 4, 4))
+    assert build_upsampler(kind="sr").up(low, ctx).shape == (1, 8, 8)
+    blob = path.read_bytes()
+    path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))  # one bit of the last byte
+    with pytest.raises(ValueError, match="damaged"):
+        build_upsampler(kind="sr").up(low, ctx)

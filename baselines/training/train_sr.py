@@ -8,7 +8,8 @@ drafter's size and passed through the world's tokenizer (encode, decode: the dra
 VQ reconstructions), the target is the same scene rendered at the target's size. Loss: L1 on
 pixels in [0, 1]. Data: batch s of seed S is a pure function of (S, s)
 (train_upsampler.scene_pairs); the initialisation is seeded. A checkpoint (weights, optimiser,
-step) is written atomically every --every steps next to --out and a killed run resumes from it.
+step) is written atomically every --every steps next to --out and a killed run resumes from it;
+the weights' sha256, size and training facts go into sr_manifest.json beside --out.
 
     python -m baselines.training.train_sr --target-size 64 --steps 1500 \
         --out baselines/weights/sr_compact_16x16.safetensors            # x1: 32 -> 64 px
@@ -18,6 +19,8 @@ step) is written atomically every --every steps next to --out and a killed run r
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -34,6 +37,7 @@ from harness.shapes.weights import WORLDS, verified
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 12345
+MANIFEST_NAME = "sr_manifest.json"  # baselines/methods/sr_upsampler.py checks shipped files against it
 
 
 def compact(features: int = 16, convs: int = 4, scale: int = 2) -> nn.Module:
@@ -93,9 +97,23 @@ def train(out: Path, size: int, world: str, steps: int, batch_size: int, seed: i
         score = F.l1_loss(model(held_in).clamp(0, 1), held_out).item()
         bicubic = F.l1_loss(F.interpolate(held_in, scale_factor=r, mode="bicubic").clamp(0, 1), held_out).item()
     log.info("held-out L1: network %.4f, bicubic %.4f", score, bicubic)
-    save_weights(model, out, {"world": world, "target_size": str(size), "steps": str(steps), "seed": str(seed),
-                              "held_out_l1": f"{score:.5f}", "bicubic_l1": f"{bicubic:.5f}"})
+    meta = {"world": world, "target_size": str(size), "steps": str(steps), "seed": str(seed),
+            "held_out_l1": f"{score:.5f}", "bicubic_l1": f"{bicubic:.5f}"}
+    save_weights(model, out, meta)
+    record(out, {**meta, "architecture": f"Compact (SRVGGNetCompact), {features} features, {convs} convs, x{r}",
+                 "parameters": str(sum(p.numel() for p in model.parameters()))})
     return score
+
+
+def record(path: Path, facts: dict[str, str]) -> None:
+    """Add `path`'s sha256, size and `facts` to the sr_manifest.json beside it (atomically)."""
+    manifest = path.parent / MANIFEST_NAME
+    data = json.loads(manifest.read_text()) if manifest.is_file() else {"files": {}}
+    blob = path.read_bytes()
+    data["files"][path.name] = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), **facts}
+    tmp = manifest.with_name(manifest.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, manifest)
 
 
 def main(argv: list[str] | None = None) -> int:
