@@ -93,3 +93,15 @@ def test_shipped_networks_are_checked_against_their_manifest(bundle: ModelBundle
     path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))  # one bit of the last byte
     with pytest.raises(ValueError, match="damaged"):
         build_upsampler(kind="sr").up(low, ctx)
+
+
+@pytest.mark.parametrize("grid", [(16, 16), (32, 32)])
+def test_the_shipped_shapes_networks_load_strictly_as_x2(grid: tuple[int, int]) -> None:
+    from baselines.methods.sr_upsampler import _checked, shipped_sr
+
+    path = _checked(shipped_sr(grid))
+    assert path.stat().st_size < 1_000_000
+    net = load_sr(path, scale=2)
+    assert net(torch.rand(1, 3, grid[0] * 2, grid[1] * 2)).shape == (1, 3, grid[0] * 4, grid[1] * 4)
+    with pytest.raises(ValueError, match="need x4"):
+        load_sr(path, scale=4)
