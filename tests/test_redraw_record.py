@@ -159,6 +159,11 @@ def test_report_reads_the_records_and_draws_panels_and_the_tau_curve(shapes: Mod
     written = mulo_figures([Panel("MuLo-SD", samples)], "shapes", "shapes", "test", tmp_path, raster_set, count=3)
     assert [p.name for _, p in written] == ["redraws_shapes_0.png", "tau_curve_shapes.png"]
     assert "objects missing (shapes detector): raster" in written[0][0]
+    from benchmarks.mulo_redraws import main  # the same figures from a run's folders
+
+    assert main(["--model", "shapes", "--samples", str(tmp_path), "--rows", "mulo", "--raster", "raster",
+                 "--panels", "2", "--out", str(tmp_path / "bench")]) == 0
+    assert {p.name for p in (tmp_path / "bench").glob("*.png")} == {"redraws_shapes_mulo.png", "tau_curve_shapes.png"}
 
 
 def test_seam_length_counts_cell_edges_between_region_and_rest() -> None:
