@@ -198,3 +198,10 @@ def test_ablation_local_runs_radius_zero_and_everything_after_t0() -> None:
     assert cfg.decoder.mulo_l0.scope.radius == 0 and cfg.decoder.mulo_after_t0.scope.radius == "all"
     paper = compose_cfg(["+experiment=paper_ablation_local"])
     assert paper.decoder.mulo_after_t0.scope.radius == "all"
+
+
+def test_tau_curve_false_leaves_the_curve_out_and_keeps_the_record(shapes: ModelBundle) -> None:
+    decoder = _mulo(tau=0.1)
+    decoder.tau_curve = False
+    row = decoder.generate(shapes, shapes.condition(PROMPTS[:1]), SEEDS[:1]).stats[0].as_row()
+    assert "tau_grid" not in row and "first_rejection" in row and "redraw_map" in row

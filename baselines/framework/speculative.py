@@ -58,14 +58,18 @@ class SpeculativeDecoder:
         resampler: refills the positions a scope marks for resampling (scopes with
             `needs_resampler`); none of the baselines needs one.
         name: decoder label; default "<draft>+<rule>+<scope>".
+        tau_curve: scopes that resample (MuLo-SD): also record the one-pass tau curve
+            (baselines/framework/redraw.py; about 14 schedule computations per generate call, inside
+            the timed decode); false leaves it out.
     """
 
     cache_scratch = 0  # scratch cache slots a verification writes beyond the sequence's (none)
 
     def __init__(self, sampling: SamplingParams, draft: DraftSource, accept: AcceptanceRule,
                  scope: RejectionScope | None = None, resampler: Resampler | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, tau_curve: bool = True) -> None:
         self.sampling = sampling
+        self.tau_curve = bool(tau_curve)
         self.draft = draft
         self.accept = accept
         self.scope = scope if scope is not None else RasterScope()
@@ -110,7 +114,7 @@ class SpeculativeDecoder:
         self._summarise(rec, steps)
         if scope.needs_resampler:  # MuLo-SD: where it redrew, and the one-pass tau curve
             record_redraw(rec, steps, canvas.tokens[:, :n])
-            if "score" in steps and scope.rounds == 1 and getattr(draft, "whole_image", False):
+            if self.tau_curve and "score" in steps and scope.rounds == 1 and getattr(draft, "whole_image", False):
                 record_tau_curve(rec, ctx, scope, self.resampler, steps["score"][0], steps["start"][0])
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
