@@ -231,6 +231,9 @@ class DecodeStats:
     accepted_per_step: list[int] = field(default_factory=list)
     rejection_map: Tensor | None = None  # [rows, cols] int64: rejections per position
     extra: dict[str, float] = field(default_factory=dict)
+    # per-image columns beyond the counters, already CSV-safe (str or int): MuLo-SD's redraw record
+    # (baselines/framework/redraw.py: first_rejection, redraw_map, draft_tokens, tau_*)
+    columns: dict[str, str | int] = field(default_factory=dict)
 
     def as_row(self) -> dict[str, Any]:
         """Flat scalar columns for stats.csv (the histogram is written as a space-separated list)."""
@@ -248,6 +251,7 @@ class DecodeStats:
             ),
         }
         row.update(self.extra)
+        row.update(self.columns)
         return row
 
 

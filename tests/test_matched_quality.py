@@ -163,6 +163,9 @@ def test_the_tables_gain_the_row_mulo_sd_at_lanterns_geneval(tmp_path: Path) -> 
     assert matched.cells["timing_noise"].ours == pytest.approx(0.3)
     assert {d for d, _ in rows} == {"raster", "lantern", "mulo_sd", MATCHED}
     assert sorted(t for d, t in rows if d == "mulo_sd") == [0.0, 0.01, 0.03, 0.1]
+    # nothing is verified at tau = 0: that row says what ran, the verified ones do not
+    assert rows[("mulo_sd", 0.0)].method_label.endswith("(up-sampled draft, not verified)")
+    assert "not verified" not in rows[("mulo_sd", 0.01)].method_label
     lantern = next(r for r in table.rows if r.decoder == "lantern")
     assert lantern.method_label == "LANTERN (k=32, δ=0.4, on_reject=pooled)"
     assert lantern.cells["speedup"].ours == pytest.approx(4.0)

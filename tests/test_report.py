@@ -134,7 +134,9 @@ def test_the_page_the_run_names_shows_its_table_and_figures(run_page: Path) -> N
     assert [re.findall(r"<td[^>]*>([^<]*)</td>", r)[1] for r in rows] == \
         ["Raster AR", "LANTERN (k=8, δ=0.4, on_reject=neighbourhood)", "MuLo-SD"]
     images = re.findall(r'<img src="([^"]+)"', text)
-    assert any("speed_quality_random.png" in src for src in images) and len(images) == 3
+    assert any("speed_quality_random.png" in src for src in images) and len(images) == 5
+    # MuLo-SD's row adds its redraw panels and its one-pass tau curve
+    assert any("redraws_random_" in src for src in images) and any("tau_curve_random" in src for src in images)
     for link in re.findall(r'(?:src|href)="([^"]+)"', text):
         assert (run_page.parent / link).is_file(), link
 

@@ -39,10 +39,14 @@ from harness.runtime.hostsync import width
 
 @dataclass(frozen=True)
 class Verdict:
-    """accept [B, L] bool; residual [B, L, V]: where a rejected position is resampled from."""
+    """accept [B, L] bool; residual [B, L, V]: where a rejected position is resampled from;
+    score [B, L] or None: for a threshold rule, the value compared with its threshold, so that
+    accept = score >= tau for every tau in [0, 1] (MuLo-SD's one-pass tau curve,
+    baselines/framework/redraw.py); None where acceptance is not such a threshold."""
 
     accept: Tensor
     residual: Tensor
+    score: Tensor | None = None
 
 
 class AcceptanceRule(Protocol):

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from harness.api import DecodeStats
+from harness.store.packed import pack_tokens
 
 
 class StatsRecorder:
@@ -39,6 +40,7 @@ class StatsRecorder:
         self.rejections = torch.zeros(batch, self.n_tokens + 1, dtype=torch.long, device=device)
         self._committed: list[Tensor] = []  # per target forward: tokens committed [B], -1 = idle
         self._steps: list[dict[str, Tensor | int]] = []  # raw tensors of each step (`step`)
+        self._columns: dict[str, tuple[Tensor, bool]] = {}  # per-image columns (`column`)
 
     def step(self, **values: Tensor | int) -> None:
         """Keep one step's raw values ([B, ...] tensors or ints); nothing is computed now."""
@@ -85,6 +87,27 @@ class StatsRecorder:
         self.rejections.scatter_add_(1, index.reshape(-1, b, index.shape[-1]).transpose(0, 1).reshape(b, -1),
                                      hits.reshape(-1, b, hits.shape[-1]).transpose(0, 1).reshape(b, -1))
 
+    def column(self, name: str, values: Tensor, packed: bool = False) -> None:
+        """A per-image column of DecodeStats.columns: values [B] integers (an int), [B, K] (a
+        space-separated list: integers, or floats written by repr) or, `packed`, [B, K] token ids
+        (harness/store/packed.py)."""
+        self._columns[name] = (values.detach(), packed)
+
+    def _column_cells(self) -> dict[str, list[str | int]]:
+        """Every kept column as one CSV-safe cell per image."""
+        cells: dict[str, list[str | int]] = {}
+        for name, (values, packed) in self._columns.items():
+            host = values.cpu()
+            if packed:
+                cells[name] = [pack_tokens(row.numpy()) for row in host]
+            elif host.dim() == 1:
+                cells[name] = [int(v) for v in host.tolist()]
+            elif host.is_floating_point():
+                cells[name] = [" ".join(map(repr, row)) for row in host.double().tolist()]
+            else:
+                cells[name] = [" ".join(map(str, row)) for row in host.tolist()]
+        return cells
+
     def add_drafter(self, forwards: int) -> None:
         """Drafter forwards outside the steps (e.g. its prefill), for every image."""
         self.drafter += forwards
@@ -97,6 +120,7 @@ class StatsRecorder:
         target, drafter, proposed = self.target.tolist(), self.drafter.tolist(), self.proposed.tolist()
         accepted, resampled = self.accepted.tolist(), self.resampled.tolist()
         maps = self.rejections[:, : self.n_tokens].reshape(-1, *self.grid).cpu()
+        columns = self._column_cells()
         out = []
         for b in range(steps.shape[0]):
             row = steps[b]
@@ -106,5 +130,6 @@ class StatsRecorder:
                 accepted_per_step=row[row >= 0].tolist(),
                 rejection_map=maps[b].clone() if with_drafts else None,
                 extra={k: float(v[b]) for k, v in extras.items()},
+                columns={k: v[b] for k, v in columns.items()},
             ))
         return out

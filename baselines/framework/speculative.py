@@ -38,6 +38,7 @@ from baselines.framework.acceptance import AcceptanceRule, Verdict
 from baselines.framework.canvas import Canvas, Context, span
 from baselines.framework.drafts import Draft, DraftRun, DraftSource, Outcome, scheduled
 from baselines.framework.recorder import StatsRecorder
+from baselines.framework.redraw import record_redraw, record_tau_curve
 from baselines.framework.scope import RasterScope, RejectionScope, Resampler, Resolution
 from harness.api import Condition, Generation, ModelBundle, SamplingParams
 from harness.models.chunked_logits import selected_outputs
@@ -57,14 +58,18 @@ class SpeculativeDecoder:
         resampler: refills the positions a scope marks for resampling (scopes with
             `needs_resampler`); none of the baselines needs one.
         name: decoder label; default "<draft>+<rule>+<scope>".
+        tau_curve: scopes that resample (MuLo-SD): also record the one-pass tau curve
+            (baselines/framework/redraw.py; about 14 schedule computations per generate call, inside
+            the timed decode); false leaves it out.
     """
 
     cache_scratch = 0  # scratch cache slots a verification writes beyond the sequence's (none)
 
     def __init__(self, sampling: SamplingParams, draft: DraftSource, accept: AcceptanceRule,
                  scope: RejectionScope | None = None, resampler: Resampler | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, tau_curve: bool = True) -> None:
         self.sampling = sampling
+        self.tau_curve = bool(tau_curve)
         self.draft = draft
         self.accept = accept
         self.scope = scope if scope is not None else RasterScope()
@@ -105,7 +110,12 @@ class SpeculativeDecoder:
         while left > 0 and running(active := canvas.active):
             verified = self._step(ctx, canvas, active, run, rec, scope, verified)
             left -= scope.least_advance(draft.length)
-        self._summarise(rec, rec.stacked())
+        steps = rec.stacked()
+        self._summarise(rec, steps)
+        if scope.needs_resampler:  # MuLo-SD: where it redrew, and the one-pass tau curve
+            record_redraw(rec, steps, canvas.tokens[:, :n])
+            if self.tau_curve and "score" in steps and scope.rounds == 1 and getattr(draft, "whole_image", False):
+                record_tau_curve(rec, ctx, scope, self.resampler, steps["score"][0], steps["start"][0])
         stats = rec.finish(with_drafts=True, extra=ctx.counters)
         return Generation(tokens=canvas.tokens[:, :n].clone(), stats=stats)
 
@@ -149,7 +159,7 @@ class SpeculativeDecoder:
         canvas.fed = torch.where(active, start + res.kv_valid, canvas.fed)
         canvas.frontier = torch.where(active, start + res.advance, start)
         run.observe(canvas, Outcome(start=start, p=p, samples=samples, res=res))
-        self._record(rec, active, start, draft, res, extra)
+        self._record(rec, active, start, draft, res, extra, redraw=scope.needs_resampler, score=verdict.score)
         return res.verified
 
     def _scheduled(self, ctx: Context, start: Tensor, p: Tensor, verdict: Verdict) -> Verdict:
@@ -197,10 +207,18 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _record(rec: StatsRecorder, active: Tensor, start: Tensor, draft: Draft, res: Resolution,
-                extra: Tensor | int) -> None:
-        """Keep one step's raw tensors; `_summarise` counts all steps at once."""
+                extra: Tensor | int, redraw: bool = False, score: Tensor | None = None) -> None:
+        """Keep one step's raw tensors; `_summarise` counts all steps at once. `redraw` (scopes that
+        resample): also keep the drafts [B, L] and the rule's score [B, L] where it has one
+        (baselines/framework/redraw.py)."""
+        more: dict[str, Tensor] = {}
+        if redraw:
+            more["draft"] = draft.tokens
+            if score is not None:
+                more["score"] = score
         rec.step(active=active, start=start, advance=res.advance, extra=extra, first=res.first,
-                 drafter=draft.drafter_forwards, keep=res.keep, resample=res.resample, rejected=res.rejected)
+                 drafter=draft.drafter_forwards, keep=res.keep, resample=res.resample, rejected=res.rejected,
+                 **more)
 
     @staticmethod
     def _summarise(rec: StatsRecorder, s: dict[str, Tensor]) -> None:

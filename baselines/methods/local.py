@@ -6,7 +6,9 @@ For one verified block of L drafts at raster positions n_b .. n_b + L - 1 of a r
     R_X = U_{t in R_T} { u in block : |row_u - row_t| <= l, |col_u - col_t| <= l, u >= t0 }
 
 R_X is resampled by the target, every other draft is kept, also after t0; positions before t0 are
-never touched. l = 0 is "naive local" (R_X = R_T). The loop samples t0 itself from the
+never touched. l = 0 is "naive local" (R_X = R_T); l = "all" (an ablation, not in the paper) redraws
+every position at or after t0 (R_X = {u >= t0}: a window larger than the grid), so only the drafts
+before the first rejection survive. The loop samples t0 itself from the
 verification's own p (its context, the drafts before it, is final); a `Resampler`
 (baselines/methods/resampling.py) refills R_X \\ {t0}. The frontier advances over the whole block.
 
@@ -46,6 +48,9 @@ def dilate(marked: Tensor, start: Tensor, grid: tuple[int, int], radius: int) ->
     return flat.gather(1, index) > 0
 
 
+ALL = "all"  # scope.radius: redraw every position at or after t0 (a window covering the image)
+
+
 class LocalScope(RejectionScope):
     """`local(radius)`: resample the rejections and their square neighbourhood of `radius`, at or
     after the first rejection; keep every other draft.
@@ -64,13 +69,15 @@ class LocalScope(RejectionScope):
 
     needs_resampler = True
 
-    def __init__(self, radius: int = 3, length: int | None = None, rounds: int = 1) -> None:
-        if int(radius) != radius or radius < 0:
-            raise ValueError(f"decoder scope.radius (local) must be an integer >= 0, got {radius!r}")
+    def __init__(self, radius: int | str = 3, length: int | None = None, rounds: int = 1) -> None:
+        if radius != ALL and (isinstance(radius, str) or int(radius) != radius or radius < 0):
+            raise ValueError(f"decoder scope.radius (local) must be an integer >= 0 or {ALL!r} (every "
+                             f"position after the first rejection), got {radius!r}")
         if int(rounds) != rounds or rounds < 1:
             raise ValueError(f"decoder scope.rounds (local) must be an integer >= 1 (1 = the paper: one "
                              f"verification per drafted block), got {rounds!r}")
-        self.radius, self.rounds = int(radius), int(rounds)
+        self.radius: int | str = ALL if radius == ALL else int(radius)
+        self.rounds = int(rounds)
         self.name = f"local({self.radius})" if self.rounds == 1 else f"local({self.radius},x{self.rounds})"
         self.refeed = 0 if length is None else int(length)
 
@@ -94,7 +101,8 @@ class LocalScope(RejectionScope):
         rejected = ~accept & valid
         first = torch.where(rejected, offsets, length).min(-1).values  # t0 [B] (L: none)
         start = grid[0] * grid[1] - remaining
-        expanded = dilate(rejected, start, grid, self.radius) & valid & (offsets >= first[:, None])
+        after = valid & (offsets >= first[:, None])  # first = L where nothing was rejected: empty
+        expanded = after if self.radius == ALL else dilate(rejected, start, grid, self.radius) & after
         advance = torch.minimum(remaining, torch.full_like(remaining, length)).clamp_min(0)
         advance, verified = self._count_round(rejected.any(-1), first, advance, verified)
         return Resolution(keep=valid & ~expanded, rejected=rejected, first=first,
@@ -117,7 +125,7 @@ class LocalScope(RejectionScope):
 SCOPE_KINDS = ("local", "raster")
 
 
-def build_scope(kind: str = "local", radius: int = 3, rounds: int = 1) -> "LocalScope | RasterScope":
+def build_scope(kind: str = "local", radius: int | str = 3, rounds: int = 1) -> "LocalScope | RasterScope":
     """The rejection scope named `kind` (config entry point, so that one node switches with
     `kind=...`): "local" (LocalScope(radius, rounds=rounds)) or "raster" (baselines/framework/scope.py;
     radius and rounds unused)."""

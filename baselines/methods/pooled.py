@@ -152,13 +152,16 @@ class PooledThresholdRule:
     def decide(self, p: Tensor, q: Tensor | None, drafts: Tensor, u: Tensor, ctx: Context) -> Verdict:
         """p [B, L, V]; q and u are ignored (the rule is a deterministic threshold)."""
         table = ctx.neighbours(self.k - 1) if self.k > 1 else None
-        accept = pooled_mass(p, drafts, table) >= self.tau
-        if self.confident is not None:
-            accept &= ~confident_elsewhere(p, drafts, table, self.confident)
-        if self.below:
+        score = pooled_mass(p, drafts, table)  # accept = score >= tau (Verdict.score)
+        if self.confident is not None:  # rejected at every tau: below any threshold in [0, 1]
+            score = torch.where(confident_elsewhere(p, drafts, table, self.confident), -1.0, score)
+        accept = score >= self.tau
+        if self.below:  # no longer a threshold on one score: no one-pass tau curve
+            score = None
             # the block is positions 1 .. N of the image (the whole-image draft after the prefill's
             # token, one verification; check_layout holds the decoder to it): N - 1 entries inside
             accept = continued_below(accept, drafts, table, ctx.grid[1], self.below, ctx.n_tokens - 1)
         if self.anchor:
-            return Verdict(accept=accept, residual=anchored(p, drafts, anchor_table(ctx, self.anchor)))
-        return Verdict(accept=accept, residual=p)
+            return Verdict(accept=accept, residual=anchored(p, drafts, anchor_table(ctx, self.anchor)),
+                           score=score)
+        return Verdict(accept=accept, residual=p, score=score)

@@ -180,6 +180,12 @@ class IslandResampler:
         self._count(ctx, res, labels, plan.forwards, start)
         return replace(res, kv_valid=self._kv_valid(res, steps, plan.forwards, plan.ready)), plan.forwards
 
+    def forwards(self, ctx: Context, res: Resolution, start: Tensor) -> Tensor:
+        """The target forwards [B] a `fill` of `res` would take (its schedule's length), drawing
+        and writing nothing (the one-pass tau curve, baselines/framework/redraw.py)."""
+        steps, _ = self._schedule(ctx, res, start, None, [])
+        return steps.max(-1).values + 1
+
     def _schedule(self, ctx: Context, res: Resolution, start: Tensor, passes: int | None,
                   unsettled: list[Tensor]) -> tuple[Tensor, Tensor]:
         """(steps [B, L], island labels [B, L]) of this fill's schedule (islands.py)."""

@@ -7,6 +7,8 @@ Each class pairs `up` and `down`; `r` is the ratio of the target's grid to the d
     pixel    training-free: tokenizer decode -> resize -> tokenizer encode (the paper's default
              path; an off-the-shelf super-resolution network would replace the resize); down:
              decode -> anti-aliased resize -> encode.
+    sr       decode -> a super-resolution network read with spandrel -> encode
+             (baselines/methods/sr_upsampler.py: the paper's pixel path with its SR network).
     learned  a trained latent up-sampler (baselines/methods/latent_upsampler.py): masked row-causal
              convolution + pixel shuffle over code vectors; its strided-convolution head is the
              down-sampler. Weights belong to one high-res grid (one world's pixel scale).
@@ -29,7 +31,7 @@ from harness.api import ModelBundle
 log = logging.getLogger(__name__)
 
 RESIZE_MODES = ("bicubic", "bilinear", "nearest")
-KINDS = ("nearest", "pixel", "learned")
+KINDS = ("nearest", "pixel", "learned", "sr")
 OBJECTIVES = ("ce", "pixel", "gan")
 WEIGHTS_DIR = Path(__file__).parents[1] / "weights"  # shipped: upsampler_<objective>_<rows>x<cols>.safetensors
 
@@ -175,9 +177,10 @@ def build_upsampler(kind: str = "pixel", mode: str = "bicubic", weights: str | N
     ignored, so one config node can be switched with `kind=...`).
 
     Args:
-        kind: "nearest" | "pixel" | "learned".
+        kind: "nearest" | "pixel" | "learned" | "sr".
         mode: pixel: the resize kernel (bicubic | bilinear | nearest).
-        weights, objective: learned: see LearnedUpsampler.
+        weights, objective: learned: see LearnedUpsampler; weights, sr: "shipped" or a spandrel
+            checkpoint (baselines/methods/sr_upsampler.py).
     """
     if kind == "nearest":
         return NearestUpsampler()
@@ -185,4 +188,8 @@ def build_upsampler(kind: str = "pixel", mode: str = "bicubic", weights: str | N
         return PixelUpsampler(mode)
     if kind == "learned":
         return LearnedUpsampler(weights, objective)
+    if kind == "sr":
+        from baselines.methods.sr_upsampler import SRUpsampler  # it imports this module
+
+        return SRUpsampler(weights)  # type: ignore[arg-type]
     raise ValueError(f"decoder draft.upsampler.kind must be one of {KINDS}, got {kind!r}")

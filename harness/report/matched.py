@@ -42,6 +42,7 @@ SWEEPS = ("matched_quality", "paper_matched_quality")  # the experiments whose j
 TABLE = MATCHED_TABLE   # the experiment of the rows added here, and their table's name
 MATCHED = MATCHED_DECODER  # the decoder key of the row "MuLo-SD at LANTERN's GenEval"
 TAU = "decoder.mulo_sd.accept.tau"
+NOT_VERIFIED = "up-sampled draft, not verified"  # the setting of MuLo-SD's rows at tau = 0
 TIE = 1e-9                         # |gap| differences below this are ties (GenEval is a mean of 0/1)
 GAP_METRIC = "geneval_gap_vs_lantern"
 SPEEDUP_METRIC = "speedup_vs_lantern"
@@ -237,7 +238,10 @@ def _table_rows(frame: pd.DataFrame, points: list[SweepPoint], chosen: Selection
 
 def _point_rows(frame: pd.DataFrame, point: SweepPoint, decoder: str,
                 note: str | None) -> list[dict[str, Any]]:
-    """MuLo-SD's rows at `point` under the decoder key `decoder`."""
+    """MuLo-SD's rows at `point` under the decoder key `decoder` (at tau = 0 their setting says
+    NOT_VERIFIED: every draft is kept, so the image is the up-sampled draft)."""
+    if point.tau == 0:
+        note = NOT_VERIFIED if note is None else f"{note}; {NOT_VERIFIED}"
     job = _job(frame, point.run_dir)
     rows = _copied(job, "mulo_sd", decoder, tau=point.tau, note=note)
     quality, speed = _one(job, "mulo_sd", "geneval"), _one(job, "mulo_sd", "latency_s")
@@ -280,5 +284,5 @@ def _row(base: pd.Series, metric: str, value: Speedup, decoder: str, tau: float 
             "run_dir": str(base["run_dir"])}
 
 
-__all__ = ["MATCHED", "SWEEPS", "TABLE", "Selection", "SweepPoint", "matched_rows", "select", "sweep_points",
+__all__ = ["MATCHED", "NOT_VERIFIED", "SWEEPS", "TABLE", "Selection", "SweepPoint", "matched_rows", "select", "sweep_points",
            "with_matched_quality"]

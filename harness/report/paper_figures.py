@@ -1,8 +1,9 @@
 """Which figures an experiment gets, and their data, from the merged results (harness.report.figures draws).
 
 Per (experiment, model): the speed-quality figure (a curve per swept τ series, a point per other
-method, the paper's points for that model), the rejection heatmaps of its drafting methods and an
-image grid of the same prompts and seeds across its methods. The tau_sweep experiment also takes
+method, the paper's points for that model), the rejection heatmaps of its drafting methods, an
+image grid of the same prompts and seeds across its methods and, for its MuLo-SD rows, the redraw
+panels and the one-pass tau curve (harness/report/redraw_figures.py). The tau_sweep experiment also takes
 the methods of experiment `main` as baseline points.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pandas as pd
 
 from harness.report import figures
 from harness.report.figures import PAPER_SUFFIX, Panel, Point
+from harness.report.redraw_figures import mulo_figures
 from harness.store.samples import SampleSet
 from harness.report.build import Cell, Row, Table, build_table
 from harness.report.cells import SETTING
@@ -51,6 +53,9 @@ def experiment_figures(frame: pd.DataFrame, facts: pd.DataFrame, experiment: str
         present = [p for p in panels if p.samples.root.is_dir()]
         written += _try(f"Same prompts and seeds across methods, {label}", lambda: figures.image_grid(
             present, f"{experiment}: {label}", folder / f"samples_{model}", grid_images))
+        raster = next((SampleSet(figures.samples_root(run) / row.decoder) for row in own
+                       if row.decoder == "raster" for run in [_run_of(row)] if run), None)
+        written += mulo_figures(present, model, label, experiment, folder, raster, grid_images)
     return written
 
 

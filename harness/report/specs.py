@@ -189,7 +189,8 @@ LOCAL = TableSpec(
     methods=(("raster", "Raster AR (reference)"), ("mulo_raster_scope", "Raster-scan rejection"),
              ("mulo_l0", "Local, l = 0 (naive)"), ("mulo_l1", "Local + expansion, l = 1"),
              ("mulo_l2", "Local + expansion, l = 2"), ("mulo_l3", "Local + expansion, l = 3"),
-             ("mulo_l4", "Local + expansion, l = 4"), ("mulo_sd", "MuLo-SD (default)")),
+             ("mulo_l4", "Local + expansion, l = 4"), ("mulo_after_t0", "Local, everything after t0"),
+             ("mulo_sd", "MuLo-SD (default)")),
     note="Paper (§10.2, qualitative): raster-scan rejection needs a very low τ (poor quality); naive "
          "local (l = 0) is even worse; local rejection with expansion is faster at the same τ and "
          "keeps quality; l = 3 gave the best GenEval (v1).",
