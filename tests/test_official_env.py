@@ -320,7 +320,7 @@ def test_the_real_detector_pin_refuses_another_file(tmp_path: Path, monkeypatch:
         geneval_official(tmp_path).check()
     message = str(refused.value)
     assert str(detector) in message and official.DETECTOR_SHA256 in message and "stages=[fetch]" in message
-    [asset] = geneval_official(tmp_path).assets()
+    [asset] = [a for a in geneval_official(tmp_path).assets() if a.pinned.name == detector.name]
     assert asset.pinned.sha256 == official.DETECTOR_SHA256 and asset.pinned.url == official.DETECTOR_URL
 
 
