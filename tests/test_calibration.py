@@ -26,7 +26,7 @@ PUBLISHED = {  # model -> protocols of its published numbers (conf/experiment/ca
     "janus_pro_1b": ["geneval"], "janus_pro_7b": ["geneval"],
     "lumina_mgpt_768": ["field_coco"], "emu3_gen": ["field_coco"], "llamagen_xl_512": ["field_coco", "geneval"],
 }
-EVALUATORS = {"geneval": ["speed", "geneval"], "dpg_bench": ["speed", "dpg_bench"],
+EVALUATORS = {"geneval": ["speed", "geneval_official"], "dpg_bench": ["speed", "dpg_bench_official"],
               "field_coco": ["speed", "fid", "clip_score"]}
 METRIC_PROTOCOL = {"geneval": "geneval", "dpg_bench": "dpg_bench", "fid": "field_coco", "clip_score": "field_coco"}
 

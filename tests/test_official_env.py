@@ -303,8 +303,8 @@ from evaluators.geneval_official import GenEvalOfficial
 from harness.store.samples import SampleSet
 official.DETECTOR_SHA256 = hashlib.sha256(b"stand-in").hexdigest()  # the stand-in checkout's detector
 root = sys.argv[2]
-GenEvalOfficial(env_python=sys.executable, repo=root + "/geneval", model_path=root + "/detector",
-                commit="standin0").evaluate(SampleSet(root + "/samples"))
+GenEvalOfficial(env_python=sys.argv[3], repo=root + "/geneval", model_path=root + "/detector",
+                clip_dir=root + "/clip", commit="standin0").evaluate(SampleSet(root + "/samples"))
 """
 
 
@@ -341,7 +341,8 @@ def test_geneval_official_export_killed_while_writing_resumes_to_an_uninterrupte
         sample_set(root / "samples", GENEVAL_PROMPTS, per_prompt=2)
         geneval_repo(root)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    status = subprocess.run([sys.executable, "-c", _KILL_ON_PNG, "3", str(killed)], env=env,
+    env_python = geneval_official(killed).paths["env_python"]  # the stand-in environment and CLIP file
+    status = subprocess.run([sys.executable, "-c", _KILL_ON_PNG, "3", str(killed), env_python], env=env,
                             capture_output=True, timeout=120).returncode
     assert status == -9
     assert list((killed / "samples" / "official").rglob("*.tmp")), "the kill left no temporary file"
