@@ -94,6 +94,8 @@ def _part_keys(part: str, model: DictConfig) -> str:
         return f"model.{part}_repo and model.{part}_size"
     if part in REMOVED_BY and REMOVED_BY[part] in model and model.get(REMOVED_BY[part]) is None:
         return f"model.{REMOVED_BY[part]} (null removes the {part})"
+    if f"{part}_repo" in model and f"{part}_file" in model:  # a path, or a file name in that hub repo
+        return f"model.{part}_file (a path, or with model.{part}_repo a file of that repo)"
     if f"{part}_repo" in model:
         return f"model.{part}_repo"
     return f"model.{part}_file"
