@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import inspect
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -280,7 +281,10 @@ def test_an_exported_file_changed_in_place_is_exported_again_not_scored(
     sample_id = "geneval-00007_01"
     exported.write_bytes(sample_set(tmp_path / "other", GENEVAL_PROMPTS, 2, seed=5).image_path(sample_id).read_bytes())
     assert exported.read_bytes() != samples.image_path(sample_id).read_bytes()
-    with caplog.at_level("WARNING"):
+    # read the module's logger itself: an earlier in-process job of the suite may leave it disabled
+    module_log = logging.getLogger("evaluators.official_env")
+    module_log.disabled = False
+    with caplog.at_level("WARNING", logger="evaluators.official_env"):
         result = evaluator.evaluate(samples)
     assert exported.read_bytes() == samples.image_path(sample_id).read_bytes()
     assert any(str(exported) in r.getMessage() and "changed" in r.getMessage() for r in caplog.records)

@@ -69,10 +69,12 @@ class HubApi:
 '''
 
 
-def serve_files(mirror: Path) -> None:
+def serve_files(mirror: Path) -> dict[str, str]:
     """Place the files the official scripts read in the mirror (`<host>/<path>` of their URLs; mPLUG
-    under `modelscope/<model id>/` with its listing `files.json`)."""
-    for url, data in ((DETECTOR_URL, b"a stand-in of GenEval's mmdet 2.x checkpoint"), (CLIP_FILE.url, CLIP_BYTES)):
+    under `modelscope/<model id>/` with its listing `files.json`); returns the URL -> sha256 of the
+    stand-ins served for pinned files (the detector; the CLIP file's pin is an evaluator option)."""
+    detector = b"a stand-in of GenEval's mmdet 2.x checkpoint"
+    for url, data in ((DETECTOR_URL, detector), (CLIP_FILE.url, CLIP_BYTES)):
         target = mirror / url.split("://", 1)[1]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -82,6 +84,7 @@ def serve_files(mirror: Path) -> None:
         (folder / name).write_bytes(data)
     listing = [{"Path": name, "Size": len(data), "Type": "blob"} for name, data in MPLUG_FILES.items()]
     (folder / "files.json").write_text(json.dumps(listing))
+    return {DETECTOR_URL: hashlib.sha256(detector).hexdigest()}
 
 
 def build_homes(cache: Path) -> None:
