@@ -335,6 +335,20 @@ def job_decoder_assets(cfg: DictConfig, names: Sequence[str] | None = None) -> l
     return decoder_assets(chosen, cfg.model)
 
 
+def fetch_decoder_assets(cfg: DictConfig, names: Sequence[str] | None = None) -> None:
+    """Before generation: download what the decoders `names` read and this machine lacks (MuLo-SD's
+    pinned sr network, when no `stages=[fetch]` ran), so that no download falls inside a timed
+    decode. Offline, `check_offline` has already stopped a job that lacks one.
+
+    Raises:
+        AssetError: the download failed (naming the file, its source and the offline fix).
+    """
+    for asset in job_decoder_assets(cfg, names):
+        if asset.missing():
+            log.info("fetching %s from %s before generating", asset.what, asset.source())
+            asset.download()
+
+
 def fetch(cfg: DictConfig, evaluators: Sequence[Any] = (), decoders: Sequence[str] | None = None) -> list[str]:
     """Download what a job reads from the network, so that it can later run offline (`stages=[fetch]`,
     on a node with internet): the prompt set's files, the model's weight files and its text encoder

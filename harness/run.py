@@ -179,6 +179,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     if "evaluate" in cfg.stages:
         preflight.check_evaluate_device(cfg, jobs_plan.evaluators)
     preflight.check_offline(cfg, evaluators, jobs_plan.decoders)  # offline: every file the stages read is here
+    if "generate" in cfg.stages:
+        preflight.fetch_decoder_assets(cfg, jobs_plan.decoders)  # a decoder's pinned file: not in a timed decode
     _check_evaluators(evaluators)
     if "generate" in cfg.stages and "evaluate" not in cfg.stages:
         _warn_evaluate_stage(cfg, jobs_plan.evaluators)

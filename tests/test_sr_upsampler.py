@@ -209,3 +209,25 @@ def test_offline_the_missing_network_is_named_with_its_fetch(tmp_path: Path, mon
     (tmp_path / "empty" / "data").mkdir(parents=True)
     (tmp_path / "empty" / "data" / "RealESRGAN_x4plus.pth").write_bytes(b"fetched")
     preflight.check_offline(cfg, [])  # found (its bytes are checked when it is loaded)
+
+
+def test_a_generate_job_downloads_a_missing_network_before_generating(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online without a fetch stage, the pinned network comes down before the first decode (through
+    the mirror here, a folder), checked against its pin; a second call downloads nothing."""
+    from baselines.methods import sr_upsampler
+    from harness import preflight
+    from tests.conftest import compose_cfg
+
+    standin = _standin_pin(tmp_path, monkeypatch)
+    pin = sr_upsampler.REALESRGAN[2]  # the stand-in's pin
+    mirror = tmp_path / "mirror"
+    served = mirror / pin.url.split("://", 1)[1]
+    served.parent.mkdir(parents=True)
+    standin.rename(served)
+    monkeypatch.setenv("MULO_BENCH_MIRROR", str(mirror))
+    cfg = compose_cfg(["model=llamagen_xl_512", "decoder=[raster,mulo_sd]"])
+    preflight.fetch_decoder_assets(cfg, ["raster", "mulo_sd"])
+    assert (tmp_path / "cache" / "data" / pin.name).read_bytes() == served.read_bytes()
+    served.unlink()
+    preflight.fetch_decoder_assets(cfg, ["raster", "mulo_sd"])  # cached: the mirror is not asked
