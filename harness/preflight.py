@@ -264,8 +264,12 @@ def check(cfg: DictConfig) -> Plan:
     Raises:
         IncompatibleError: see `plan`.
         MissingWeightsError: naming every missing file and the command that fetches it.
+        ConfigValueError: a decoder asks for a pinned file that does not exist for this model
+            (harness/assets/decoders.py).
     """
     jobs = plan(cfg)
+    if "generate" in (cfg.get("stages") or []):
+        job_decoder_assets(cfg, jobs.decoders)  # an sr network pinned for no such ratio: refused here
     missing = missing_weights(cfg.model) if "generate" in (cfg.get("stages") or []) else []
     if missing:
         raise MissingWeightsError(
@@ -325,10 +329,33 @@ def _in_hub_cache(repo: str, file: str, cache_dir: Any) -> bool:
     return isinstance(found, str)
 
 
-def fetch(cfg: DictConfig, evaluators: Sequence[Any] = ()) -> list[str]:
+def job_decoder_assets(cfg: DictConfig, names: Sequence[str] | None = None) -> list[Any]:
+    """What the decoders `names` (None: every decoder of the job) download (harness/assets/decoders.py)."""
+    from harness.assets.decoders import decoder_assets
+
+    chosen = {str(k): v for k, v in (cfg.get("decoder") or {}).items() if names is None or str(k) in names}
+    return decoder_assets(chosen, cfg.model)
+
+
+def fetch_decoder_assets(cfg: DictConfig, names: Sequence[str] | None = None) -> None:
+    """Before generation: download what the decoders `names` read and this machine lacks (MuLo-SD's
+    pinned sr network, when no `stages=[fetch]` ran), so that no download falls inside a timed
+    decode. Offline, `check_offline` has already stopped a job that lacks one.
+
+    Raises:
+        AssetError: the download failed (naming the file, its source and the offline fix).
+    """
+    for asset in job_decoder_assets(cfg, names):
+        if asset.missing():
+            log.info("fetching %s from %s before generating", asset.what, asset.source())
+            asset.download()
+
+
+def fetch(cfg: DictConfig, evaluators: Sequence[Any] = (), decoders: Sequence[str] | None = None) -> list[str]:
     """Download what a job reads from the network, so that it can later run offline (`stages=[fetch]`,
     on a node with internet): the prompt set's files, the model's weight files and its text encoder
-    or LLM repository (only the files the loaders read), and what each of `evaluators` downloads
+    or LLM repository (only the files the loaders read), what the `decoders` read (None: every
+    decoder of the job; MuLo-SD's pinned sr network) and what each of `evaluators` downloads
     (harness/assets). Lists every file with its size before downloading; with everything cached it
     says so and downloads nothing. Returns one line per prompt set / asset.
 
@@ -340,7 +367,7 @@ def fetch(cfg: DictConfig, evaluators: Sequence[Any] = ()) -> list[str]:
     from harness.assets.fetching import evaluator_assets, fetch_assets, model_assets
 
     fetched = [f"dataset {cfg.dataset.get('name')}: {len(instantiate(_plain(cfg.dataset)))} prompts"]
-    listed = fetch_assets(model_assets(cfg.model) + evaluator_assets(evaluators))
+    listed = fetch_assets(model_assets(cfg.model) + job_decoder_assets(cfg, decoders) + evaluator_assets(evaluators))
     fetched += [f"{item.asset.what}: {len(item.entries)} files from {item.asset.source()}" for item in listed]
     llm = cfg.model.get("llm")
     if llm is not None and str(llm.get("_target_")) == "harness.models.tar.llm.TarLLM":
@@ -353,9 +380,10 @@ def fetch(cfg: DictConfig, evaluators: Sequence[Any] = ()) -> list[str]:
     return fetched
 
 
-def check_offline(cfg: DictConfig, evaluators: Sequence[Any]) -> None:
+def check_offline(cfg: DictConfig, evaluators: Sequence[Any], decoders: Sequence[str] | None = None) -> None:
     """On an offline node (HF_HUB_OFFLINE=1), every file the job's stages read is on this machine:
-    the model's (generate stage) and the evaluators' (evaluate stage). Checked before generation.
+    the model's and the `decoders`' (generate stage; None: every decoder of the job) and the
+    evaluators' (evaluate stage). Checked before generation.
 
     Raises:
         MissingAssetsError: naming every missing file, its source and the command that fetches it.
@@ -365,7 +393,7 @@ def check_offline(cfg: DictConfig, evaluators: Sequence[Any]) -> None:
     if not offline():
         return
     stages = list(cfg.get("stages") or [])
-    assets = (model_assets(cfg.model) if "generate" in stages else []) + (
+    assets = (model_assets(cfg.model) + job_decoder_assets(cfg, decoders) if "generate" in stages else []) + (
         evaluator_assets(evaluators) if "evaluate" in stages else [])
     missing = offline_missing(assets)
     if missing:

@@ -163,7 +163,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
                                "folder of the condition cache in samples_dir; give it another name")
     timing = shard_timing(timing_of(cfg), int(cfg.shard.index), int(cfg.shard.count))
     if "fetch" in cfg.stages:
-        preflight.fetch(cfg, _evaluators(cfg, jobs_plan.evaluators))
+        preflight.fetch(cfg, _evaluators(cfg, jobs_plan.evaluators), jobs_plan.decoders)
         if list(cfg.stages) == ["fetch"]:
             return pd.DataFrame()
     start = int(cfg.get("dataset_start") or 0)
@@ -178,7 +178,9 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
     evaluators = _evaluators(cfg, jobs_plan.evaluators) if "evaluate" in cfg.stages else []  # fail now
     if "evaluate" in cfg.stages:
         preflight.check_evaluate_device(cfg, jobs_plan.evaluators)
-    preflight.check_offline(cfg, evaluators)  # offline: every file the stages read is here
+    preflight.check_offline(cfg, evaluators, jobs_plan.decoders)  # offline: every file the stages read is here
+    if "generate" in cfg.stages:
+        preflight.fetch_decoder_assets(cfg, jobs_plan.decoders)  # a decoder's pinned file: not in a timed decode
     _check_evaluators(evaluators)
     if "generate" in cfg.stages and "evaluate" not in cfg.stages:
         _warn_evaluate_stage(cfg, jobs_plan.evaluators)

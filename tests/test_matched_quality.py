@@ -224,22 +224,27 @@ def test_the_paper_experiment_sweeps_a_real_model_against_the_papers_lantern() -
 
 
 # ----------------------------------------------------------------------------- MuLo-SD's defaults
-def _mulo(overrides: list[str]) -> tuple:
-    node = compose_cfg(overrides).decoder.mulo_sd
+def _mulo(overrides: list[str], decoder: str = "mulo_sd") -> tuple:
+    node = compose_cfg(overrides).decoder[decoder]
     up = node.draft.upsampler
     return node.draft.window, node.accept.k, node.accept.tau, up.kind, up.mode
 
 
-@pytest.mark.parametrize("model", ["llamagen_xl_512", "tar_1.5b_512", "tar_7b_1024", "tar_tiny"])
+@pytest.mark.parametrize("model", ["llamagen_xl_512", "tar_1.5b_512", "tar_7b_1024"])
 def test_real_models_take_the_real_model_defaults(model: str) -> None:
-    assert _mulo([f"model={model}"]) == (8, 1000, 0.1, "pixel", "bicubic")
+    assert _mulo([f"model={model}"]) == (8, 1000, 0.1, "sr", "bicubic")  # the Real-ESRGAN network of r
+    assert _mulo([f"model={model}", "decoder=[mulo_sd_bicubic]"], "mulo_sd_bicubic") == (8, 1000, 0.1, "pixel", "bicubic")
+
+
+def test_the_tiny_stand_ins_keep_the_bicubic_resize() -> None:
+    assert _mulo(["model=tar_tiny"]) == (8, 1000, 0.1, "pixel", "bicubic")  # tests stay offline
 
 
 def test_the_shapes_worlds_keep_their_operating_points() -> None:
     assert _mulo(["model=shapes"]) == (2, 16, 0.1, "pixel", "bicubic")
     assert _mulo(["model=shapes_x2"]) == (8, 16, 0.1, "pixel", "bicubic")
     assert _mulo(["model=random"]) == (2, 16, 0.1, "pixel", "bicubic")
-    assert _mulo(["model=shapes", "~model.operating_points"]) == (8, 1000, 0.1, "pixel", "bicubic")
+    assert _mulo(["model=shapes", "~model.operating_points"]) == (8, 1000, 0.1, "sr", "bicubic")
     assert _mulo(["model=shapes", "decoder.mulo_sd.accept.k=4"])[1] == 4  # the key itself wins
     anchored = compose_cfg(["model=shapes_x2", "decoder=[mulo_sd_anchored]"]).decoder.mulo_sd_anchored
     assert (anchored.draft.window, anchored.accept.k, anchored.accept.anchor) == (8, 16, 4)

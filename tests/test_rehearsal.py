@@ -208,3 +208,29 @@ def test_rehearsal_official_geneval_assets_are_fetched(hub: Hub, tmp_path: Path)
     assert (data / "geneval_object_names.txt").is_file()
     assert any(p.name.startswith("mask2former_swin-s") for p in data.iterdir())
     assert list((caches / "hf" / "hub").glob("models--timm--vit_large_patch14_clip_224.openai"))
+
+
+@pytest.mark.skipif(not CAN_UNSHARE, reason="`unshare -n` is not permitted here: the offline half needs it")
+def test_rehearsal_sr_network_is_fetched_then_found_offline(hub: Hub, tmp_path: Path) -> None:
+    """MuLo-SD's default up-sampler on a real model reads the pinned Real-ESRGAN network of its ratio
+    (x2 here): `stages=[fetch]` brings it through the mirror, the offline generate reads it (its
+    SampleSet bound to kind sr), and without it the offline job stops before generating, naming it."""
+    from baselines.methods.sr_upsampler import REALESRGAN
+
+    caches, pin = tmp_path / "caches", REALESRGAN[2]
+    job = _job("llamagen", "coco5k", hub, ["decoder=[raster,mulo_sd]", "evaluator=[speed]"])
+    done = _harness([*job, "stages=[fetch]", f"hydra.run.dir={tmp_path / 'f'}"], _env(hub, caches, False), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (caches / "mulo_bench" / "data" / pin.name).is_file()
+    assert not (caches / "mulo_bench" / "data" / REALESRGAN[4].name).exists()  # only the network of r
+    offline = _env(hub, caches, True)
+    done = _harness([*job, "stages=[generate]", f"hydra.run.dir={tmp_path / 'g'}"], offline, tmp_path, offline=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    bound = json.loads((tmp_path / "g" / "samples" / "mulo_sd" / "binding.json").read_text())
+    upsampler = bound["decoder"]["draft"]["upsampler"]
+    assert (upsampler["kind"], upsampler["network"]) == ("sr", "realesrgan")
+    (caches / "mulo_bench" / "data" / pin.name).unlink()
+    res = _harness([*job, "stages=[generate]", f"hydra.run.dir={tmp_path / 'h'}"], offline, tmp_path, offline=True)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert pin.name in res.stderr and "stages=[fetch]" in res.stderr
+    assert not (tmp_path / "h" / "samples").exists()

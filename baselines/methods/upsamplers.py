@@ -172,15 +172,16 @@ class LearnedUpsampler:
 
 
 def build_upsampler(kind: str = "pixel", mode: str = "bicubic", weights: str | None = "shipped",
-                    objective: str = "gan") -> UpSampler:
+                    objective: str = "gan", network: str = "shipped") -> UpSampler:
     """The up-/down-sampler pair named `kind` (config entry point; keys a kind does not use are
     ignored, so one config node can be switched with `kind=...`).
 
     Args:
         kind: "nearest" | "pixel" | "learned" | "sr".
         mode: pixel: the resize kernel (bicubic | bilinear | nearest).
-        weights, objective: learned: see LearnedUpsampler; weights, sr: "shipped" or a spandrel
-            checkpoint (baselines/methods/sr_upsampler.py).
+        weights, objective: learned: see LearnedUpsampler.
+        network: sr: "realesrgan" (the pinned Real-ESRGAN network of the models' ratio), "shipped"
+            (the shapes worlds') or a spandrel checkpoint (baselines/methods/sr_upsampler.py).
     """
     if kind == "nearest":
         return NearestUpsampler()
@@ -191,5 +192,5 @@ def build_upsampler(kind: str = "pixel", mode: str = "bicubic", weights: str | N
     if kind == "sr":
         from baselines.methods.sr_upsampler import SRUpsampler  # it imports this module
 
-        return SRUpsampler(weights)  # type: ignore[arg-type]
+        return SRUpsampler(network)
     raise ValueError(f"decoder draft.upsampler.kind must be one of {KINDS}, got {kind!r}")

@@ -6,4 +6,6 @@
                 a ModelScope model; its listing (sizes, cached or not), download and fetch command
     fetching.py the assets of a job (prompt set, model, evaluators), `stages=[fetch]`, and the
                 offline check that stops a job before generation when something is missing
+    decoders.py what the job's decoders read: MuLo-SD's pinned super-resolution network of the
+                models' ratio (the `sr` up-sampler), refused by key where none is pinned
 """

@@ -207,8 +207,8 @@ def _blip(repo: Path) -> None:
 
 def _mirror(mirror: Path, shared: Path) -> dict[str, str]:
     """The non-hub files under <host>/<path>: the real prompt files (their pins must hold), a tiny
-    val2017.zip of stand-in images and a stand-in GenEval detector checkpoint; returns the URL ->
-    sha256 of the stand-ins served for pinned files."""
+    val2017.zip of stand-in images, a stand-in GenEval detector checkpoint and stand-ins of MuLo-SD's
+    pinned SR networks; returns the URL -> sha256 of the stand-ins served for pinned files."""
     from evaluators.fid_reference import COCO_VAL2017_ZIP
     from evaluators.geneval_detectors import MMDET_CHECKPOINT, OBJECT_NAMES
     from harness.datasets.official import COCO_CAPTIONS, DPG_PROMPT_URL, GENEVAL_METADATA
@@ -227,10 +227,27 @@ def _mirror(mirror: Path, shared: Path) -> dict[str, str]:
     for prompt in (shared / "dpg_bench" / "prompts").glob("*.txt"):
         place(DPG_PROMPT_URL.format(prompt.stem), prompt)
     standins = {COCO_VAL2017_ZIP.url: _val2017_zip(),
-                MMDET_CHECKPOINT.url: b"a stand-in of the mmdet checkpoint (mmdet is not installed here)"}
+                MMDET_CHECKPOINT.url: b"a stand-in of the mmdet checkpoint (mmdet is not installed here)",
+                **sr_networks()}
     for url, data in standins.items():  # pinned files: the harness runs check them against these hashes
         place(url, data)
     return {url: hashlib.sha256(data).hexdigest() for url, data in standins.items()}
+
+
+def sr_networks() -> dict[str, bytes]:
+    """URL -> bytes of a stand-in for each pinned Real-ESRGAN network (baselines/methods/sr_upsampler.py):
+    a tiny compact SRVGG network of the same scale, saved as the releases are ({'params': state_dict}),
+    which spandrel detects and loads strictly like the real RRDB files."""
+    from baselines.methods.sr_upsampler import REALESRGAN
+    from baselines.training.train_sr import compact
+
+    found = {}
+    for scale, pinned in REALESRGAN.items():
+        torch.manual_seed(scale)
+        buffer = io.BytesIO()
+        torch.save({"params": compact(features=8, convs=2, scale=scale).state_dict()}, buffer)
+        found[pinned.url] = buffer.getvalue()
+    return found
 
 
 def _val2017_zip(count: int = 6) -> bytes:
