@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from baselines.framework.canvas import Context
-from baselines.methods.upsamplers import WEIGHTS_DIR, ratio, resize_images
+from baselines.methods.upsamplers import WEIGHTS_DIR, PixelUpsampler, ratio
 from harness.datasets.downloads import Pinned, fetch
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,5 @@ class SRUpsampler:
         return ctx.models.target.encode(pixels).view(low.shape[0], *ctx.grid)
 
     def down(self, high: Tensor, ctx: Context) -> Tensor:
-        r = ratio(ctx.models)
-        images = ctx.models.target.decode(high.flatten(1))
-        low = resize_images(images, (images.shape[-2] // r, images.shape[-1] // r), "bilinear")
-        return ctx.models.drafter.encode(low).view(high.shape[0], *ctx.models.drafter.grid)
+        """The pixel path's down-sampler: decode, bilinear resize by 1 / r, encode."""
+        return PixelUpsampler.down(self, high, ctx)  # type: ignore[arg-type]
