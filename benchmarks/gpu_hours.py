@@ -1,5 +1,6 @@
-"""The README's GPU-hour table of the paper's main table (`+experiment=paper_main`): the budget's
-formula (harness/budget.py) applied to assumed costs, every line of the estimate printed.
+"""The GPU-hour table of the paper's main table (`+experiment=paper_main`, docs/methodology.md, "What
+the paper's tables cost"): the budget's formula (harness/budget.py) applied to assumed costs, every
+line of the estimate printed.
 
     python benchmarks/gpu_hours.py            # each job's lines, then the table and the total
     python benchmarks/gpu_hours.py --before   # the same under the per-row LLM (one generate per image,
@@ -135,7 +136,7 @@ def estimate(before: bool = False) -> dict[str, dict[str, Job]]:
 
 
 def table(jobs: dict[str, dict[str, Job]]) -> str:
-    """The README's markdown table: hours per job, the conditioner's share in brackets (Tar)."""
+    """The documented markdown table: hours per job, the conditioner's share in brackets (Tar)."""
     lines = ["| model | " + " | ".join(f"`{p}`" for p in PROTOCOLS) + " | all |",
              "|---|" + "---:|" * (len(PROTOCOLS) + 1)]
     for name, row in jobs.items():

@@ -203,7 +203,7 @@ def test_janus_strict_reload_from_saved_folders(bundle: ModelBundle, tmp_path: P
 
 
 def test_janus_hub_snapshots_are_identified_by_their_commits(bundle: ModelBundle) -> None:
-    from harness.models.janus.bundle import hub_revision
+    from harness.models.hub import hub_revision
 
     folder = "/cache/models--deepseek-community--Janus-Pro-7B/snapshots/0123abcd"
     assert hub_revision("deepseek-community/Janus-Pro-7B", folder) == "deepseek-community/Janus-Pro-7B@0123abcd"

@@ -47,6 +47,7 @@ from baselines.framework.drafts import Draft, DraftRun, DraftSource, JacobiDraft
 from baselines.framework.recorder import StatsRecorder
 from baselines.framework.scope import RasterScope, RejectionScope, Resolution, _unmarked
 from baselines.framework.speculative import SpeculativeDecoder
+from baselines.methods.tree_fit import tree_misfit
 from harness.api import ConfigValueError, ModelBundle, SamplingParams, checked_number
 from harness.runtime.sampling import inverse_cdf, probs, sample_from
 
@@ -178,17 +179,10 @@ class ProactiveDecoder(SpeculativeDecoder):
         the tree's nodes (sum of K^i for i < D, less the chain: scratch cache slots) each carry a
         distribution over the codes in a verification of `rows` rows, which must fit in `memory`
         bytes (float32 probabilities alone: a lower bound of what the tree needs)."""
-        vocab = int(getattr(models.target, "vocab_size", 0) or 0)
-        if vocab and self.tree_width > vocab:
-            return "tree_width", (f"= {self.tree_width} candidates per tree level, but model {models.name!r} has "
-                                  f"{vocab} image codes to draw them from; set tree_width <= {vocab}")
-        need = rows * self.cache_scratch * max(vocab, 1) * 4
-        if need > memory:
-            return "tree_depth", (f"= {self.tree_depth} with tree_width {self.tree_width} makes a tree of "
-                                  f"{self.cache_scratch} scratch cache slots, whose probabilities alone need "
-                                  f"{need / 2**30:.3g} GiB of the device's {memory / 2**30:.3g} GiB; make the tree "
-                                  "smaller (its nodes grow as tree_width^(tree_depth - 1))")
-        return None
+        return tree_misfit(models, rows, memory, width=self.tree_width, width_option="tree_width",
+                           slots=self.cache_scratch, size_option="tree_depth",
+                           size_hint=f"make the tree smaller (tree_width {self.tree_width}, tree_depth "
+                                     f"{self.tree_depth}: its nodes grow as tree_width^(tree_depth - 1))")
 
     def _bound(self, models: ModelBundle):
         draft, scope = super()._bound(models)

@@ -39,6 +39,7 @@ from baselines.framework.canvas import Context, span
 from baselines.framework.draft_tree import tree_attention
 from baselines.methods.eagle import EagleDraft
 from baselines.methods.static_tree import StaticTreeDraft
+from baselines.methods.tree_fit import tree_misfit
 from baselines.framework.recorder import StatsRecorder
 from harness.api import ConfigValueError, Condition, Generation, ModelBundle, SamplingParams
 from harness.runtime.hostsync import Running
@@ -79,17 +80,8 @@ class TreeDecoder:
         or generated (harness/run.py): top_k distinct codes per node need top_k <= the image codes,
         and the tree's nodes (scratch cache slots), each with a distribution over the codes in a
         verification of `rows` rows, must fit in `memory` bytes (a lower bound of what they need)."""
-        opts = self.draft.options
-        vocab = int(getattr(models.target, "vocab_size", 0) or 0)
-        if vocab and opts.top_k > vocab:
-            return "draft.top_k", (f"= {opts.top_k} children per node, but model {models.name!r} has {vocab} image "
-                                   f"codes; set draft.top_k <= {vocab}")
-        need = rows * self.cache_scratch * max(vocab, 1) * 4
-        if need > memory:
-            return "draft.total_tokens", (f"makes a tree of {self.cache_scratch} scratch cache slots, whose "
-                                          f"probabilities alone need {need / 2**30:.3g} GiB of the device's "
-                                          f"{memory / 2**30:.3g} GiB; lower it")
-        return None
+        return tree_misfit(models, rows, memory, width=self.draft.options.top_k, width_option="draft.top_k",
+                           slots=self.cache_scratch, size_option="draft.total_tokens", size_hint="lower it")
 
     @torch.inference_mode()
     def generate(self, models: ModelBundle, cond: Condition, seeds: Sequence[int]) -> Generation:

@@ -116,6 +116,33 @@ def snapshot(repo_id: str, local_path: str | None = None, cache_dir: str | None 
             f"DIR as the local path") from err
 
 
+def hub_revision(repo_id: str | None, folder: str) -> str | None:
+    """`repo@commit` of a hub snapshot folder (`.../snapshots/<commit>`), or None (a local copy)."""
+    parts = Path(folder).parts
+    if not repo_id or len(parts) < 2 or parts[-2] != "snapshots":
+        return None
+    return f"{repo_id}@{parts[-1]}"
+
+
+def pretrained_strict(cls: Any, folder: str, family: str, repo_id: str | None, dtype: torch.dtype) -> Any:
+    """`cls.from_pretrained(folder)` (a transformers model class) in eval mode, refused with a
+    WeightsError when the checkpoint lacks a key of the architecture its config.json builds, holds one
+    it lacks, or differs in a shape (transformers' own loading report, which it only warns about)."""
+    try:
+        model, info = cls.from_pretrained(folder, dtype=dtype, output_loading_info=True)
+    except (OSError, ValueError) as err:
+        raise WeightsError(f"cannot load {family} model from {folder} (repo {repo_id}): {err}") from err
+    problems = {kind: sorted(map(str, info.get(kind) or [])) for kind in
+                ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        listed = "; ".join(f"{kind.replace('_', ' ')} [{', '.join(keys[:20])}"
+                           f"{f', ... ({len(keys)} in all)' if len(keys) > 20 else ''}]"
+                           for kind, keys in problems.items() if keys)
+        raise WeightsError(f"{folder} does not match the {family.split()[-1]} architecture of its config.json: {listed}")
+    log.info("loaded %s %s from %s", family.split()[-1], repo_id or "", folder)
+    return model.eval()
+
+
 def read_checkpoint(path: Path, trust_pickle: bool = False) -> Any:
     """The object stored in `path`: safetensors -> dict of tensors; otherwise `torch.load` with
     `weights_only=True` (argparse.Namespace allowed, as training scripts store their args), or a

@@ -12,7 +12,6 @@ repo files it reads (`stages=[fetch]` lists them, harness/assets/fetching.py).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,8 @@ from harness.models.emu3.model import Emu3ImageModel
 from harness.models.emu3.prompts import Emu3Conditioner, PromptTokenizer
 from harness.models.emu3.tiny import tiny_model
 from harness.models.eagle_head import attach_head
-from harness.models.hub import WeightsError, dtype_of, snapshot
-from harness.models.janus.bundle import hub_revision
+from harness.models.hub import WeightsError, dtype_of, hub_revision, pretrained_strict, snapshot
 
-log = logging.getLogger(__name__)
 
 # the files of an Emu3 repo the loader reads: config, generation defaults, weights, tokenizer and
 # processor settings (the image processor's normalisation for decoding)
@@ -45,19 +42,8 @@ def load_emu3(repo_id: str | None, local_path: str | None, cache_dir: str | None
     if not repo_id and not local_path:
         raise WeightsError("an Emu3 model needs a hub repo (model.repo_id) or a local copy (model.local_dir)")
     folder = snapshot(repo_id or "", local_path, cache_dir, REPO_FILES)
-    try:
-        model, info = Emu3ForConditionalGeneration.from_pretrained(folder, dtype=dtype, output_loading_info=True)
-    except (OSError, ValueError) as err:
-        raise WeightsError(f"cannot load an Emu3 model from {folder} (repo {repo_id}): {err}") from err
-    problems = {kind: sorted(map(str, info.get(kind) or [])) for kind in
-                ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if any(problems.values()):
-        listed = "; ".join(f"{kind.replace('_', ' ')} [{', '.join(keys[:20])}"
-                           f"{f', ... ({len(keys)} in all)' if len(keys) > 20 else ''}]"
-                           for kind, keys in problems.items() if keys)
-        raise WeightsError(f"{folder} does not match the Emu3 architecture of its config.json: {listed}")
-    log.info("loaded Emu3 %s from %s", repo_id or "", folder)
-    return model.eval(), folder, None if local_path else hub_revision(repo_id, folder)
+    model = pretrained_strict(Emu3ForConditionalGeneration, folder, "an Emu3", repo_id, dtype)
+    return model, folder, None if local_path else hub_revision(repo_id, folder)
 
 
 def pixel_norm(folder: str) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -11,34 +11,23 @@ repo files it reads (`stages=[fetch]` lists them, harness/assets/fetching.py).
 """
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness.api import ModelBundle
 from harness.models.eagle_head import attach_head
-from harness.models.hub import WeightsError, dtype_of, snapshot
+from harness.models.hub import WeightsError, dtype_of, hub_revision, pretrained_strict, snapshot
 from harness.models.janus.model import JanusImageModel
 from harness.models.janus.prompts import JanusConditioner, PromptTokenizer
 from harness.models.janus.tiny import tiny_model
 
-log = logging.getLogger(__name__)
 
 # the files of a Janus-Pro repo the loader reads: config, generation defaults, weights, tokenizer and
 # processor (chat template); the understanding tower's weights are part of the one checkpoint
 REPO_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "processor_config.json",
               "preprocessor_config.json", "chat_template.*")
-
-
-def hub_revision(repo_id: str | None, folder: str) -> str | None:
-    """`repo@commit` of a hub snapshot folder (`.../snapshots/<commit>`), or None (a local copy)."""
-    parts = Path(folder).parts
-    if not repo_id or len(parts) < 2 or parts[-2] != "snapshots":
-        return None
-    return f"{repo_id}@{parts[-1]}"
 
 
 def load_janus(repo_id: str | None, local_path: str | None, cache_dir: str | None,
@@ -51,19 +40,8 @@ def load_janus(repo_id: str | None, local_path: str | None, cache_dir: str | Non
         raise WeightsError("a Janus model needs a hub repo (model.repo_id / model.small_drafter_repo) or a "
                            "local copy (model.local_dir / model.small_drafter_local_dir)")
     folder = snapshot(repo_id or "", local_path, cache_dir, REPO_FILES)
-    try:
-        model, info = JanusForConditionalGeneration.from_pretrained(folder, dtype=dtype, output_loading_info=True)
-    except (OSError, ValueError) as err:
-        raise WeightsError(f"cannot load a Janus model from {folder} (repo {repo_id}): {err}") from err
-    problems = {kind: sorted(map(str, info.get(kind) or [])) for kind in
-                ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if any(problems.values()):
-        listed = "; ".join(f"{kind.replace('_', ' ')} [{', '.join(keys[:20])}"
-                           f"{f', ... ({len(keys)} in all)' if len(keys) > 20 else ''}]"
-                           for kind, keys in problems.items() if keys)
-        raise WeightsError(f"{folder} does not match the Janus architecture of its config.json: {listed}")
-    log.info("loaded Janus %s from %s", repo_id or "", folder)
-    return model.eval(), None if local_path else hub_revision(repo_id, folder)
+    model = pretrained_strict(JanusForConditionalGeneration, folder, "a Janus", repo_id, dtype)
+    return model, None if local_path else hub_revision(repo_id, folder)
 
 
 def special_ids(hf: Any) -> tuple[int, tuple[int, int]]:
