@@ -45,6 +45,7 @@ def test_overhead_times_the_bare_loop_as_a_decoder_of_the_same_run(tmp_path: Pat
     assert stats.latency_reps_s.str.split().str.len().eq(2).all() and (stats.target_forwards == 256).all()
 
 
+@pytest.mark.long
 def test_engine_counts_loop_and_model_operators(capsys) -> None:  # noqa: ANN001
     from benchmarks import engine
 
@@ -73,6 +74,7 @@ def test_rejection_sites_finds_object_cells_and_their_top_edges() -> None:
     assert edges[1, 2] and not edges[2, 2] and edges.sum() == 1
 
 
+@pytest.mark.long
 def test_engine_builds_the_full_size_models_at_full_width_without_downloads(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """LlamaGen-XL 512 and Tar-7B 1024 at full width and 2 layers, random weights, stand-in

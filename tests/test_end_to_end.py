@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tests.conftest import ROOT
 
@@ -39,6 +40,7 @@ def test_harness_runs_end_to_end_and_resumes(tmp_path: Path) -> None:
     assert {p: p.read_bytes() for p in pngs} == before
 
 
+@pytest.mark.long
 def test_evaluate_only_rescore_existing_samples(tmp_path: Path) -> None:
     out = tmp_path / "gen"
     assert _run(["+experiment=smoke", f"hydra.run.dir={out}", "stages=[generate]"], tmp_path).returncode == 0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tests.conftest import ROOT
 
@@ -35,6 +36,7 @@ def _images(run_dir: Path, decoder: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((run_dir / "samples" / decoder / "images").glob("*.png"))}
 
 
+@pytest.mark.long
 def test_a_decoder_from_the_users_package_runs_end_to_end(tmp_path: Path) -> None:
     res = _run(tmp_path, f"hydra.run.dir={tmp_path / 'hot'}")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -186,6 +186,7 @@ def test_wheel_metadata_has_ranges_scripts_and_core_fid_helper(wheel: Path) -> N
 
 # --- an installed wheel, run from a temporary directory ------------------------------------------
 
+@pytest.mark.long
 def test_installed_wheel_runs_smoke_and_a_user_config_folder(installed: Path, tmp_path: Path) -> None:
     work = tmp_path / "job"
     work.mkdir()
@@ -206,6 +207,7 @@ def test_installed_wheel_runs_smoke_and_a_user_config_folder(installed: Path, tm
     assert _summary_decoders(work / "results" / "my_smoke") == {"raster", "sjd", "sjd_w4"}
 
 
+@pytest.mark.long
 def test_installed_wheel_loads_the_shipped_weights(installed: Path, tmp_path: Path) -> None:
     """The x2 world (its manifest links the x1 tokenizer) with MuLo-SD (a shipped up-sampler)."""
     done = _run([str(installed / "mulo-bench"), "model=shapes_x2", "decoder=[mulo_sd]", "dataset_limit=2",
@@ -214,6 +216,7 @@ def test_installed_wheel_loads_the_shipped_weights(installed: Path, tmp_path: Pa
     assert _summary_decoders(tmp_path / "results" / "shipped") == {"mulo_sd"}
 
 
+@pytest.mark.long
 def test_installed_table_commands_answer_help(installed: Path, tmp_path: Path) -> None:
     commands = (([str(installed / "python"), "-m", "harness.tables", "--help"], "python -m harness.tables"),
                 ([str(installed / "mulo-bench-tables"), "--help"], "mulo-bench-tables"),

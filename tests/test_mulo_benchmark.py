@@ -58,6 +58,7 @@ def test_oracle_draft_at_tau_zero_is_the_reference_seen_through_the_down_and_up_
     assert all(s.accepted == 63 for s in out.stats)
 
 
+@pytest.mark.long
 def test_diagnosis_rows(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     # tau 0.5: a random model's pooled mass over 16 of 32 codes is about 0.5, so about half the
     # drafts are rejected and the parallel and serial resamplers have work to do
@@ -170,6 +171,7 @@ def test_benchmark_images_default_to_a_seed_no_default_was_chosen_on(capsys) -> 
     assert "--seed N, not a Hydra override" in capsys.readouterr().err
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("argv, seed", [([], HELD_OUT_SEED), (["--seed", "5"], 5)])
 def test_the_main_table_is_the_pipeline_run_it_prints(argv: list[str], seed: int, tmp_path: Path,
                                                       capsys) -> None:  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ from tests.conftest import CONF, ROOT
 DECODERS = sorted(p.stem for p in (CONF / "decoder").glob("*.yaml"))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("model", ["llamagen_tiny", "tar_tiny"])
 def test_tiny_official_stack_runs_every_decoder(model: str, tmp_path: Path) -> None:
     out = tmp_path / "run"

@@ -119,6 +119,7 @@ def test_x2_bundle_loads_with_the_documented_grids() -> None:
     assert total <= 18 * 2**20, f"x2 weights are {total / 2**20:.1f} MiB"
 
 
+@pytest.mark.long
 def test_x2_target_samples_score_above_a_floor() -> None:
     """A short raster run of the shipped x2 target (1024 tokens per image) on 12 prompts (2 per
     GenEval tag) with the model's CFG scale. On the first 96 prompts at seed 0 it scores 0.82

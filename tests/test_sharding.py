@@ -54,6 +54,7 @@ def unsharded_reference(tmp_path: Path, extra: list[str] | None = None) -> Path:
     return out
 
 
+@pytest.mark.long
 def test_local_shard_sweep_shares_one_sample_set_and_matches_unsharded_run(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     ok(harness(["-m", *BASE, f"hydra.sweep.dir={sweep}"], tmp_path))
@@ -79,6 +80,7 @@ def test_local_shard_sweep_shares_one_sample_set_and_matches_unsharded_run(tmp_p
     assert gaps.loc["sjd", "value"] == pytest.approx(overall.loc["sjd", "value"] - overall.loc["raster", "value"])
 
 
+@pytest.mark.long
 def test_evaluate_refuses_until_every_shard_is_complete(tmp_path: Path) -> None:
     args = [*BASE, "decoder=[raster]", "evaluator=[speed]", "dataset_limit=4"]
     shared = tmp_path / "shared"
