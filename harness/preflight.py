@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from harness.api import ConfigValueError, InputError, Prompt
 from harness.assets.asset import hub_offline
@@ -81,6 +81,27 @@ def model_parts(model: DictConfig) -> set[str]:
         if flag is True or named or repo or part in listed:
             parts.add(part)
     return parts
+
+
+# the model keys that load the target's EAGLE head, and the value that loads none
+HEAD_KEYS = {"eagle_head": False, "eagle_head_file": None, "eagle_head_repo": None, "eagle_head_config": None}
+
+
+def model_for(cfg: DictConfig, decoders: Sequence[str] | None) -> DictConfig:
+    """The model config a job builds, fetches and checks for the `decoders` it runs (None: every
+    decoder of the job): `cfg.model` without its EAGLE head when none of them requires one, so a head
+    that is absent or damaged stops only the jobs that draft with it. The SampleSets stay bound to
+    `cfg.model` as written, and the weights digest leaves the head out (harness/run.py), so a set is
+    shared by jobs with and without EAGLE rows."""
+    chosen = [v for k, v in (cfg.get("decoder") or {}).items() if decoders is None or str(k) in decoders]
+    if any("eagle_head" in _requires(node) for node in chosen):
+        return cfg.model
+    model = cfg.model.copy()
+    with open_dict(model):
+        for key, off in HEAD_KEYS.items():
+            if key in model:
+                model[key] = off
+    return model
 
 
 def _requires(node: DictConfig) -> list[str]:
@@ -270,7 +291,7 @@ def check(cfg: DictConfig) -> Plan:
     jobs = plan(cfg)
     if "generate" in (cfg.get("stages") or []):
         job_decoder_assets(cfg, jobs.decoders)  # an sr network pinned for no such ratio: refused here
-    missing = missing_weights(cfg.model) if "generate" in (cfg.get("stages") or []) else []
+    missing = missing_weights(model_for(cfg, jobs.decoders)) if "generate" in (cfg.get("stages") or []) else []
     if missing:
         raise MissingWeightsError(
             f"model {cfg.model.get('name')} cannot be loaded on this machine:"
@@ -367,7 +388,8 @@ def fetch(cfg: DictConfig, evaluators: Sequence[Any] = (), decoders: Sequence[st
     from harness.assets.fetching import evaluator_assets, fetch_assets, model_assets
 
     fetched = [f"dataset {cfg.dataset.get('name')}: {len(instantiate(_plain(cfg.dataset)))} prompts"]
-    listed = fetch_assets(model_assets(cfg.model) + job_decoder_assets(cfg, decoders) + evaluator_assets(evaluators))
+    listed = fetch_assets(model_assets(model_for(cfg, decoders)) + job_decoder_assets(cfg, decoders)
+                          + evaluator_assets(evaluators))
     fetched += [f"{item.asset.what}: {len(item.entries)} files from {item.asset.source()}" for item in listed]
     llm = cfg.model.get("llm")
     if llm is not None and str(llm.get("_target_")) == "harness.models.tar.llm.TarLLM":
@@ -393,7 +415,7 @@ def check_offline(cfg: DictConfig, evaluators: Sequence[Any], decoders: Sequence
     if not offline():
         return
     stages = list(cfg.get("stages") or [])
-    assets = (model_assets(cfg.model) + job_decoder_assets(cfg, decoders) if "generate" in stages else []) + (
+    assets = (model_assets(model_for(cfg, decoders)) + job_decoder_assets(cfg, decoders) if "generate" in stages else []) + (
         evaluator_assets(evaluators) if "evaluate" in stages else [])
     missing = offline_missing(assets)
     if missing:

@@ -61,8 +61,10 @@ def check_head(target, head, model: str) -> None:  # noqa: ANN001
     """Refuse a missing head, or one drafting another grid or vocabulary than the target's."""
     if head is None:
         raise ConfigValueError(f"model {model!r} has no EAGLE head (model.eagle_head / eagle_head_file); "
-                               "the eagle2, lantern and lantern_pp decoders draft with one. Train one with "
-                               "`python -m baselines.training.train_eagle`, or use decoder lantern_chain / sd")
+                               "the eagle2, lantern and lantern_pp decoders draft with one (a decoder of your own that drafts "
+                               "with it lists `requires: [eagle_head]` in its config, or the job does not load "
+                               "the head). Train one with `python -m baselines.training.train_eagle`, or use "
+                               "decoder lantern_chain / sd")
     grid, vocab = tuple(target.grid), int(target.vocab_size)
     if tuple(head.cfg.grid) != grid or head.cfg.vocab_size != vocab:
         raise ConfigValueError(f"the EAGLE head of model {model!r} drafts a {tuple(head.cfg.grid)} grid "

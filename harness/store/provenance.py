@@ -200,15 +200,18 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def weights_digest(modules: Iterable[Any]) -> str:
+def weights_digest(modules: Iterable[Any], skip: tuple[str, ...] = ()) -> str:
     """blake2b digest of the parameters and buffers of `modules` (torch modules; None skipped):
-    names, dtypes, shapes and bytes, in order. Identifies the weights a SampleSet was made with when
-    a bundle declares no `weights_id` (e.g. random or hub weights)."""
+    names, dtypes, shapes and bytes, in order, leaving out the entries whose names start with one of
+    `skip`. Identifies the weights a SampleSet was made with when a bundle declares no `weights_id`
+    (e.g. random or hub weights)."""
     digest = hashlib.blake2b(digest_size=16)
     for index, module in enumerate(modules):
         if module is None:
             continue
         for name, tensor in sorted(module.state_dict().items()):
+            if name.startswith(skip):
+                continue
             digest.update(f"{index}:{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
             flat = tensor.detach().to("cpu").contiguous().reshape(-1)
             digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
