@@ -18,6 +18,7 @@ from harness.models.emu3 import tiny
 from harness.models.hub import WeightsError
 from harness.run import _build, guided
 from harness.models.eagle_head import save_head
+from tests.backbone_contract import check_rows_independent, check_scratch_node, greedy_equals_raster
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -193,44 +194,15 @@ def test_emu3_explicit_masks_across_the_end_of_row_slots(bundle: ModelBundle) ->
     assert not torch.allclose(outs["hidden", 3][:, 3], outs["hidden", 40][:, 3], atol=1e-3)  # 7's own query
 
 
-@torch.inference_mode()
 @pytest.mark.parametrize("at", [3, 7])
 def test_emu3_scratch_slots_and_move_cache_equal_direct_writes(bundle: ModelBundle, at: int) -> None:
-    """A draft-tree node at position `at` (7: a row's last, with its end-of-row twin): written to a
-    scratch slot at its position's rotation, then moved to the position's slot, it gives a later
-    query what writing it there directly gives."""
-    model, cond = bundle.target, bundle.condition(PROMPTS[1:2])
-    tokens = torch.randint(0, model.vocab_size, (1, at + 1), generator=torch.Generator().manual_seed(2))
-    later = torch.tensor([[7]])
-    model.setup_cache(1)
-    model.prefill(cond)
-    model.forward(tokens, torch.arange(at + 1))
-    direct = model.forward(later, torch.tensor([at + 1]))
-    model.setup_cache(1, scratch=2)
-    model.prefill(cond)
-    model.forward(tokens[:, :at], torch.arange(at))
-    scratch = model.cache_len  # the first scratch slot
-    mask = torch.arange(model.total)[None, None] < model.prefix_len + at
-    mask[..., scratch] = True
-    node = model.forward(tokens[:, at:], torch.tensor([at]), mask, slots=torch.tensor([[scratch]]))
-    child_mask = mask.clone()
-    child_mask[..., scratch + 1] = True  # itself
-    child = model.forward(later, torch.tensor([at + 1]), child_mask, slots=torch.tensor([[scratch + 1]]))
-    torch.testing.assert_close(child, direct, rtol=1e-5, atol=1e-5)  # a tree child sees the node (and twin)
-    unmoved = model.forward(later, torch.tensor([at + 1]))  # slot `at` still empty
-    assert not torch.allclose(unmoved, direct, atol=1e-3)
-    model.move_cache(torch.tensor([[scratch]]), torch.tensor([[model.prefix_len + at]]))
-    torch.testing.assert_close(model.forward(later, torch.tensor([at + 1])), direct, rtol=1e-5, atol=1e-5)
-    assert node.shape == (1, 1, model.vocab_size)
+    """7: a row's last position, with its end-of-row twin (tests/backbone_contract.py)."""
+    check_scratch_node(bundle.target, bundle.condition(PROMPTS[1:2]), at)
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, cfg_scale=3.0)])
 def test_emu3_batch_of_one_equals_batch_of_three(bundle: ModelBundle, params: SamplingParams) -> None:
-    models = guided(bundle, params)
-    together = RasterDecoder(params).generate(models, models.condition(PROMPTS), [4, 5, 6]).tokens
-    for i, (prompt, seed) in enumerate(zip(PROMPTS, [4, 5, 6])):
-        alone = RasterDecoder(params).generate(models, models.condition([prompt]), [seed]).tokens
-        assert torch.equal(alone[0], together[i]), prompt
+    check_rows_independent(bundle, params, PROMPTS, [4, 5, 6])
 
 
 def _decoder(name: str):
@@ -240,14 +212,7 @@ def _decoder(name: str):
 
 @pytest.mark.parametrize("name", ["sjd", "sjd_pac"])
 def test_emu3_speculative_greedy_equals_raster(bundle: ModelBundle, name: str) -> None:
-    decoder = _decoder(name)
-    models = guided(bundle, decoder.sampling)
-    cond = models.condition(PROMPTS)
-    raster = RasterDecoder(decoder.sampling).generate(models, cond, [0, 1, 2])
-    out = decoder.generate(models, cond, [0, 1, 2])
-    assert torch.equal(out.tokens, raster.tokens)
-    n = bundle.target.grid[0] * bundle.target.grid[1]
-    assert all(s.tokens == n and s.target_forwards <= n for s in out.stats)
+    greedy_equals_raster(bundle, _decoder(name), PROMPTS, [0, 1, 2])
 
 
 @torch.inference_mode()

@@ -16,6 +16,7 @@ from harness.models.hub import WeightsError
 from harness.models.janus.model import JanusImageModel
 from harness.run import _build, guided
 from harness.models.eagle_head import save_head
+from tests.backbone_contract import check_rows_independent, check_scratch_node, greedy_equals_raster
 from tests.conftest import compose_cfg
 from tests.single_thread import single_thread  # noqa: F401  (autouse)
 
@@ -92,36 +93,14 @@ def test_janus_cached_forward_equals_the_full_forward(bundle: ModelBundle) -> No
     assert not torch.allclose(masked[:, 2:], rest[:, 7:13], atol=1e-3)
 
 
-@torch.inference_mode()
-def test_janus_scratch_slots_and_move_cache_equal_direct_writes(bundle: ModelBundle) -> None:
-    """A draft-tree node: written to a scratch slot at its position's rotation, then moved to the
-    position's slot, it gives a later query what writing it there directly gives."""
-    model, cond = bundle.target, bundle.condition(PROMPTS[1:2])
-    tokens, later = torch.tensor([[5, 9, 33, 2]]), torch.tensor([[7]])
-    model.setup_cache(1)
-    model.prefill(cond)
-    model.forward(tokens, torch.arange(4))
-    direct = model.forward(later, torch.tensor([4]))
-    model.setup_cache(1, scratch=2)
-    model.prefill(cond)
-    model.forward(tokens[:, :3], torch.arange(3))
-    scratch = model.slots + 1
-    mask = torch.arange(model.total)[None, None] < model.prefix_len + 3
-    mask[..., scratch] = True
-    model.forward(tokens[:, 3:], torch.tensor([3]), mask, slots=torch.tensor([[scratch]]))
-    unmoved = model.forward(later, torch.tensor([4]))  # slot 3 still empty
-    assert not torch.allclose(unmoved, direct, atol=1e-3)
-    model.move_cache(torch.tensor([[scratch]]), torch.tensor([[model.prefix_len + 3]]))
-    torch.testing.assert_close(model.forward(later, torch.tensor([4])), direct, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("at", [3, 7])
+def test_janus_scratch_slots_and_move_cache_equal_direct_writes(bundle: ModelBundle, at: int) -> None:
+    check_scratch_node(bundle.target, bundle.condition(PROMPTS[1:2]), at)
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, cfg_scale=5.0)])
 def test_janus_batch_of_one_equals_batch_of_three(bundle: ModelBundle, params: SamplingParams) -> None:
-    models = guided(bundle, params)
-    together = RasterDecoder(params).generate(models, models.condition(PROMPTS), [4, 5, 6]).tokens
-    for i, (prompt, seed) in enumerate(zip(PROMPTS, [4, 5, 6])):
-        alone = RasterDecoder(params).generate(models, models.condition([prompt]), [seed]).tokens
-        assert torch.equal(alone[0], together[i]), prompt
+    check_rows_independent(bundle, params, PROMPTS, [4, 5, 6])
 
 
 def _decoder(name: str):
@@ -131,14 +110,7 @@ def _decoder(name: str):
 
 @pytest.mark.parametrize("name", ["sjd", "sd"])
 def test_janus_speculative_greedy_equals_raster(bundle: ModelBundle, name: str) -> None:
-    decoder = _decoder(name)
-    models = guided(bundle, decoder.sampling)
-    cond = models.condition(PROMPTS)
-    raster = RasterDecoder(decoder.sampling).generate(models, cond, [0, 1, 2])
-    out = decoder.generate(models, cond, [0, 1, 2])
-    assert torch.equal(out.tokens, raster.tokens)
-    n = bundle.target.grid[0] * bundle.target.grid[1]
-    assert all(s.tokens == n and s.target_forwards <= n for s in out.stats)
+    out = greedy_equals_raster(bundle, _decoder(name), PROMPTS, [0, 1, 2])
     assert all(s.drafter_forwards > 0 for s in out.stats) == (name == "sd")
 
 

@@ -28,6 +28,7 @@ from harness.models.lumina.vqgan import VQGAN, VQGANConfig, load_vqgan
 from harness.models.masks import attention_mask
 from harness.run import _build, guided
 from harness.models.eagle_head import save_head
+from tests.backbone_contract import check_rows_independent, check_scratch_node, greedy_equals_raster
 from tests.conftest import compose_cfg
 
 TINY_ARCH = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -265,14 +266,8 @@ def test_lumina_greedy_raster_equals_the_official_generator() -> None:
 
 def test_lumina_batch_rows_equal_single_rows() -> None:
     _, bundle = _randomised_tiny()
-    sampled = SamplingParams(temperature=1.0, top_k=20, cfg_scale=3.0)
-    models = guided(bundle, sampled)
-    prompts, seeds = ["a cat", "a much longer prompt about a lighthouse at dusk"], [3, 4]
-    both = RasterDecoder(sampled).generate(models, bundle.condition(prompts), seeds).tokens
-    for row in range(2):
-        alone = RasterDecoder(sampled).generate(models, bundle.condition(prompts[row:row + 1]), seeds[row:row + 1])
-        assert torch.equal(both[row], alone.tokens[0])
-    assert not torch.equal(both[0], both[1])
+    check_rows_independent(bundle, SamplingParams(temperature=1.0, top_k=20, cfg_scale=3.0),
+                           ["a cat", "a much longer prompt about a lighthouse at dusk"], [3, 4])
 
 
 @torch.inference_mode()
@@ -331,38 +326,11 @@ def test_lumina_sjd_runs_and_greedy_sjd_equals_raster() -> None:
     assert all(s.target_forwards <= 16 and s.tokens == 16 for s in run.stats)
 
 
-@torch.inference_mode()
 @pytest.mark.parametrize("at", [2, 3])
 def test_lumina_scratch_slots_and_move_cache_equal_direct_writes(at: int) -> None:
-    """A draft-tree node at position `at` (2: mid-row; 3: a row's last, with its <eol> twin): written
-    to a scratch slot at its position's rotation, it gives what writing it at its position gives
-    (its own logits, a tree child's), and moved to the position's slot it gives a later query the
-    same."""
+    """2: mid-row; 3: a row's last, with its <eol> twin (tests/backbone_contract.py)."""
     _, bundle = _randomised_tiny()
-    model, cond = bundle.target, bundle.condition(["a lighthouse"])
-    tokens = torch.randint(0, model.vocab_size, (1, at + 1), generator=torch.Generator().manual_seed(2))
-    later = torch.tensor([[7]])
-    model.setup_cache(1)
-    model.prefill(cond)
-    direct_node = model.forward(tokens, torch.arange(at + 1))[:, -1:]
-    direct = model.forward(later, torch.tensor([at + 1]))
-    model.setup_cache(1, scratch=2)
-    assert model.total == model.cache_len + 2
-    model.prefill(cond)
-    model.forward(tokens[:, :at], torch.arange(at))
-    scratch = model.cache_len  # the first scratch slot
-    mask = torch.arange(model.total)[None, None] < model.prefix_len + at
-    mask[..., scratch] = True
-    node = model.forward(tokens[:, at:], torch.tensor([at]), mask, slots=torch.tensor([[scratch]]))
-    torch.testing.assert_close(node, direct_node, rtol=1e-5, atol=1e-5)  # at a row end: its <eol>'s logits
-    child_mask = mask.clone()
-    child_mask[..., scratch + 1] = True  # itself
-    child = model.forward(later, torch.tensor([at + 1]), child_mask, slots=torch.tensor([[scratch + 1]]))
-    torch.testing.assert_close(child, direct, rtol=1e-5, atol=1e-5)  # a tree child sees the node (and twin)
-    unmoved = model.forward(later, torch.tensor([at + 1]))  # slot `at` (and its row's <eol>) still empty
-    assert not torch.allclose(unmoved, direct, atol=1e-3)
-    model.move_cache(torch.tensor([[scratch]]), torch.tensor([[model.prefix_len + at]]))
-    torch.testing.assert_close(model.forward(later, torch.tensor([at + 1])), direct, rtol=1e-5, atol=1e-5)
+    check_scratch_node(bundle.target, bundle.condition(["a lighthouse"]), at)
 
 
 def test_lumina_scratch_slots_shape_errors_name_the_scratch() -> None:
@@ -382,13 +350,7 @@ def test_lumina_greedy_sjd_pac_equals_raster() -> None:
     cfg = compose_cfg(["model=lumina_tiny", "decoder=[sjd_pac]", "sampling.temperature=0.0"])
     decoder = build_decoder("sjd_pac", cfg.decoder.sjd_pac)
     assert decoder.cache_scratch > 0
-    models = guided(bundle, decoder.sampling)
-    cond = models.condition(["a red cube", "a blue sphere", "two dogs"])
-    raster = RasterDecoder(decoder.sampling).generate(models, cond, [0, 1, 2])
-    out = decoder.generate(models, cond, [3, 4, 5])
-    assert torch.equal(out.tokens, raster.tokens)
-    assert len(set(raster.tokens.flatten().tolist())) > 3, "a constant image would make the check vacuous"
-    assert all(s.tokens == 16 and s.target_forwards <= 16 for s in out.stats)
+    greedy_equals_raster(bundle, decoder, ["a red cube", "a blue sphere", "two dogs"], [0, 1, 2])
 
 
 def _sequence_cache(lm: ChameleonLM, slots: Tensor) -> list[Tensor]:
