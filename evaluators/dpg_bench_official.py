@@ -38,6 +38,7 @@ from PIL import Image
 
 from evaluators.dpg_bench import (IMAGES_PER_PROMPT, PER_SAMPLE_COLUMNS, _failed_row, _scored_row,
                                   load_official_questions, make_grid, official_categories)
+from evaluators.official_build import command_line
 from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, OfficialEnvError, OfficialOutputError,
                                      fresh, given, missing_modules, official_home, open_env,
                                      run_script, sync_export, text_digest, unset_keys, work_dir)
@@ -53,7 +54,7 @@ SCRIPT = "dpg_bench/compute_dpg_bench.py"
 QUESTIONS = "dpg_bench/dpg_bench.csv"
 GRIDS = "grids"
 RESULTS = "results.txt"  # must end in .txt: the script writes its detail file at .txt -> _detail.txt
-RECIPE = "`bash scripts/official_env.sh dpg_bench`, docs/evaluators.md 'DPG-Bench's environment'"
+RECIPE = f"`{command_line('dpg_bench')}`, docs/evaluators.md 'DPG-Bench's environment'"
 MPLUG_MODEL = "damo/mplug_visual-question-answering_coco_large_en"  # the model id compute_dpg_bench.py names
 # what compute_dpg_bench.py imports, and ModelScope's mPLUG pipeline (fairseq) with it
 MODULES = ("accelerate", "modelscope", "fairseq", "pandas", "PIL")
@@ -78,7 +79,7 @@ class DPGBenchOfficial:
     Args:
         env_python: the interpreter of DPG-Bench's environment (null: `<home>/env/bin/python`).
         repo: the TencentQQGYLab/ELLA checkout whose dpg_bench/compute_dpg_bench.py runs (null: `<home>/repo`).
-        home: the folder `scripts/official_env.sh dpg_bench` builds (null: $MULO_BENCH_CACHE/official/dpg_bench).
+        home: the folder `python -m evaluators.official_build dpg_bench` builds (null: $MULO_BENCH_CACHE/official/dpg_bench).
         modelscope_cache: the MODELSCOPE_CACHE the evaluate step sets, where fetch puts mPLUG (null:
             `<home>/modelscope`). The script runs there, so that the model id it names,
             `damo/mplug_visual-question-answering_coco_large_en`, is that local folder: ModelScope loads

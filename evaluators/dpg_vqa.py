@@ -48,7 +48,7 @@ class MplugVQA:
         require_modules("evaluator dpg_bench (vqa mplug, in process)", ("modelscope", "fairseq"),
                         "ModelScope's mPLUG needs fairseq, which does not build on Python >= 3.11. The DPG-Bench "
                         "protocol scores with the official script: evaluator=[speed,dpg_bench_official] (the default "
-                        "of protocol=dpg_bench; build its environment with `bash scripts/official_env.sh dpg_bench`), "
+                        "of protocol=dpg_bench; build its environment with `python -m evaluators.official_build dpg_bench`), "
                         "or evaluator.dpg_bench.vqa._target_=evaluators.dpg_vqa.HFVQA, a named variant")
 
     def assets(self) -> list:

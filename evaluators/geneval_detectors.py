@@ -177,7 +177,7 @@ class MMDetBackend:
         require_modules("evaluator geneval (detector mmdet, in process)", ("mmdet", "mmcv"),
                         "mmdet 3.x with mmcv's CUDA ops does not install beside the harness's torch. The GenEval "
                         "protocol scores with the official scripts: evaluator=[speed,geneval_official] (the default "
-                        "of protocol=geneval; build its environment with `bash scripts/official_env.sh geneval`), "
+                        "of protocol=geneval; build its environment with `python -m evaluators.official_build geneval`), "
                         "or evaluator=[speed,geneval_hf], a named variant")
 
     def assets(self) -> list:

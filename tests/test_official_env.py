@@ -402,7 +402,7 @@ def test_summary_scores_disagreeing_with_the_results_is_refused(tmp_path: Path) 
 def test_wrong_env_python_and_repo_are_named(tmp_path: Path) -> None:
     geneval_repo(tmp_path)
     with pytest.raises(OfficialEnvError, match=r"evaluator.geneval_official.env_python=\S*nowhere/bin/python does "
-                                               "not exist.*scripts/official_env.sh geneval"):
+                                               "not exist.*python -m evaluators.official_build geneval"):
         geneval_official(tmp_path, env_python=str(tmp_path / "nowhere" / "bin" / "python")).check()
     with pytest.raises(OfficialEnvError, match="is a folder; give the environment's interpreter"):
         geneval_official(tmp_path, env_python=str(tmp_path)).check()
@@ -419,7 +419,7 @@ def test_wrong_env_python_and_repo_are_named(tmp_path: Path) -> None:
         missing_detector.check()
     bare = standin_env(tmp_path / "bare", ())  # runs, but lacks what evaluate_images.py imports
     with pytest.raises(OfficialEnvError, match="cannot import what the official script imports .mmdet, mmcv, "
-                                               "clip_benchmark.*scripts/official_env.sh geneval"):
+                                               "clip_benchmark.*python -m evaluators.official_build geneval"):
         geneval_official(tmp_path, env_python=str(bare)).check()
     (tmp_path / "clip" / CLIP_FILE.name).unlink()
     no_clip = geneval_official(tmp_path)
@@ -436,7 +436,7 @@ def test_unbuilt_default_environment_names_the_build_command(tmp_path: Path,
     for evaluator, name in ((GenEvalOfficial(), "geneval"), (DPGBenchOfficial(), "dpg_bench")):
         home = tmp_path / "cache" / "official" / name
         with pytest.raises(OfficialEnvError, match=f"env_python={home}/env/bin/python does not exist.*"
-                                                   f"bash scripts/official_env.sh {name}"):
+                                                   f"python -m evaluators.official_build {name}"):
             evaluator.check()
         with pytest.raises(OfficialEnvError):
             evaluator.evaluate(sample_set(tmp_path / "samples", GENEVAL_PROMPTS, per_prompt=1))

@@ -6,7 +6,7 @@ launcher for SLURM and two shards for eight), each followed by the overrides tha
 the stand-ins and run them on the CPU: `stages=[fetch]` into empty caches, then the sharded generate
 and the evaluate stage with the network unreachable (`unshare -n`, HF_HUB_OFFLINE=1); every evaluator
 row of the protocol must be in summary.csv. The official evaluators of protocol=geneval / dpg_bench
-run their stand-in scripts in stand-in environments built where scripts/official_env.sh builds the
+run their stand-in scripts in stand-in environments built where `python -m evaluators.official_build` builds the
 real ones (tests/rehearsal/official.py).
 
 Marked `rehearsal` (minutes; run by .ci/run with `pytest -m rehearsal`). Needs ../shared/data (the
@@ -109,7 +109,7 @@ def _job(family: str, protocol: str, hub: Hub, extra: list[str] = ()) -> list[st
 @pytest.mark.parametrize("family", list(MODELS))
 def test_rehearsal_readme_steps_fetch_then_offline(family: str, protocol: str, hub: Hub, tmp_path: Path) -> None:
     caches = tmp_path / "caches"
-    official.build_homes(caches / "mulo_bench")  # as `bash scripts/official_env.sh <name>` would
+    official.build_homes(caches / "mulo_bench")  # as `python -m evaluators.official_build <name>` would
     fetch, generate, evaluate, tables = rehearsed(MODELS[family], protocol)
     extra = _standin(family, protocol, hub)
     online, offline = _env(hub, caches, offline=False), _env(hub, caches, offline=True)

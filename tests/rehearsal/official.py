@@ -1,5 +1,5 @@
 """The official evaluators' environments as the rehearsal meets them: stand-ins built where
-`scripts/official_env.sh` builds the real ones (`$MULO_BENCH_CACHE/official/<name>`: `env/`, a Python
+`python -m evaluators.official_build` builds the real ones (`$MULO_BENCH_CACHE/official/<name>`: `env/`, a Python
 environment of its own; `repo/`, the official script paths), so that the README's commands run with
 no option added; and the files those scripts read, served by the rehearsal's mirror (GenEval's
 detector and CLIP file under their official URLs, mPLUG in ModelScope's layout), which `stages=[fetch]`
@@ -89,7 +89,7 @@ def serve_files(mirror: Path) -> dict[str, str]:
 
 def build_homes(cache: Path) -> None:
     """The stand-in official environments and checkouts in `<cache>/official/<name>` (as
-    scripts/official_env.sh lays them out; not git checkouts: the configured commit is recorded)."""
+    `python -m evaluators.official_build` lays them out; not git checkouts: the configured commit is recorded)."""
     home = cache / "official" / "geneval"
     standin_env(home / "env", GENEVAL_MODULES)
     evaluation = home / "repo" / "evaluation"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Build the environment an official evaluator runs its scripts in (docs/evaluators.md):
+# Build the environment an official evaluator runs its scripts in (docs/evaluators.md). Run through
+# `python -m evaluators.official_build geneval|dpg_bench [HOME]` (installed: `mulo-bench-official-env`),
+# which finds this file in the installed package:
 #
-#   bash scripts/official_env.sh geneval     # evaluator=geneval_official   (protocol=geneval)
-#   bash scripts/official_env.sh dpg_bench   # evaluator=dpg_bench_official (protocol=dpg_bench)
+#   geneval     evaluator=geneval_official   (protocol=geneval)
+#   dpg_bench   evaluator=dpg_bench_official (protocol=dpg_bench)
 #
 # into HOME (second argument; default $MULO_BENCH_CACHE/official/<name>, ~/.cache/mulo_bench/official/<name>),
 # where the evaluator looks by default: HOME/repo is the official repository at its pinned commit,
-# HOME/env a conda environment (HOME/env/bin/python) installed under scripts/official_envs/<name>.constraints.txt.
+# HOME/env a conda environment (HOME/env/bin/python) installed under <name>.constraints.txt beside this file.
 # The files the scripts read (GenEval's detector and CLIP file, DPG-Bench's mPLUG) are then brought by
 # `stages=[fetch]`. Needs git and conda (CONDA_EXE, else `conda` on PATH); geneval also compiles mmcv-full's
 # CUDA operators: a CUDA toolkit in CUDA_HOME (11.3 for torch 1.12, 11.8 on Hopper) and TORCH_CUDA_ARCH_LIST
@@ -17,10 +19,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 case $name in
     geneval) url=https://github.com/djghosh13/geneval.git; commit=af4902f24d3ca90ebbb446dd9891a59e0f82725f ;;
     dpg_bench) url=https://github.com/TencentQQGYLab/ELLA.git; commit=3c228f1dc6c4d3cad0a47493816151a419f14db3 ;;
-    *) echo "error: give the environment to build: bash scripts/official_env.sh geneval|dpg_bench [HOME]" >&2; exit 2 ;;
+    *) echo "error: give the environment to build: python -m evaluators.official_build geneval|dpg_bench [HOME]" >&2; exit 2 ;;
 esac
 home=${2:-${MULO_BENCH_CACHE:-$HOME/.cache/mulo_bench}/official/$name}
-constraints=$here/official_envs/$name.constraints.txt
+constraints=$here/$name.constraints.txt
 conda=${CONDA_EXE:-conda}
 env=$home/env
 pip=("$env/bin/python" -m pip)
