@@ -1,6 +1,7 @@
 """Every config group option and every experiment composes and instantiates."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from omegaconf import OmegaConf
 
 from harness.api import SamplingParams
 from harness.run import _build
-from tests.conftest import CONF, SHARED_DATA, compose_cfg
+from tests.conftest import CONF, ROOT, SHARED_DATA, compose_cfg
 
 
 def _options(group: str) -> list[str]:
@@ -112,3 +113,36 @@ def test_launchers_compose(launcher: str, target: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith(target)
+
+
+_KEY_LINE = re.compile(r"^\s*([A-Za-z_][\w-]*):(.*)$")
+_UNEXPLAINED_OK = {"defaults", "_target_", "name"}  # Hydra's own keys and the option's name
+
+
+def _key_lines(path: Path) -> list[tuple[int, str, bool]]:
+    """(line number, key, explained here) of every block-mapping key of a config file: explained
+    when the key's line or the line above it carries a comment. Keys inside flow mappings
+    (`arch: {dim: 64, ...}`) belong to their parent's line."""
+    found, depth = [], 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        code = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
+        match = _KEY_LINE.match(code) if depth == 0 else None
+        if match and match.group(1) not in _UNEXPLAINED_OK:
+            above = lines[number - 2].strip() if number > 1 else ""
+            found.append((number, match.group(1), " #" in line or above.startswith("#")))
+        depth += code.count("{") + code.count("[") - code.count("}") - code.count("]")
+    return found
+
+
+def test_every_config_key_is_explained() -> None:
+    """Every key of conf/ (experiments aside: they set keys explained where they are defined) is
+    explained by a comment in some config file, or named in backquotes in README.md or docs/."""
+    files = [p for p in sorted(CONF.rglob("*.yaml")) if not {"local", "experiment"} & set(p.relative_to(CONF).parts)]
+    keys = {path: _key_lines(path) for path in files}
+    explained = {key for found in keys.values() for _, key, here in found if here}
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    quoted = {word for span in re.findall(r"`([^`]+)`", docs) for word in re.findall(r"[A-Za-z_][\w-]*", span)}
+    unexplained = [f"{path.relative_to(ROOT)}:{number} {key}" for path, found in keys.items()
+                   for number, key, _ in found if key not in explained and key not in quoted]
+    assert not unexplained, "config keys without a comment or a mention in the docs:\n" + "\n".join(unexplained)
