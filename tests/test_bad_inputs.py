@@ -9,6 +9,7 @@ prove the wiring of the exit status.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -415,6 +416,18 @@ def test_samples_dir_one_level_too_deep(tmp_path: Path, capsys: pytest.CaptureFi
         assert status == EXIT_INPUT_ERROR, err
         assert "is itself a SampleSet" in err and f"samples_dir={samples}" in err
         assert not (samples / "raster" / "raster").exists(), "no set is made inside the set"
+
+
+def test_options_for_an_unselected_evaluator_are_recorded_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    """protocol=dpg_bench sets an option of the in-process `dpg_bench` variant, which its evaluator
+    list does not run: the plan records it with the reason (run.json) and says so on an info line,
+    not a warning (every DPG-Bench job would warn)."""
+    cfg = compose_cfg(["+protocol=dpg_bench", "model=random", "decoder=[raster]"])
+    with caplog.at_level(logging.INFO, logger="harness.preflight"):
+        jobs = preflight.plan(cfg)
+    assert jobs.evaluators == ["speed", "dpg_bench_official"] and "not selected" in jobs.skipped["dpg_bench"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("not running evaluator dpg_bench" in r.getMessage() for r in caplog.records)
 
 
 def test_an_experiment_configuring_an_unselected_decoder(
