@@ -91,10 +91,10 @@ def model_for(cfg: DictConfig, decoders: Sequence[str] | None) -> DictConfig:
     """The model config a job builds, fetches and checks for the `decoders` it runs (None: every
     decoder of the job): `cfg.model` without its EAGLE head when none of them requires one, so a head
     that is absent or damaged stops only the jobs that draft with it. The SampleSets stay bound to
-    `cfg.model` as written, and the weights digest leaves the head out (harness/run.py), so a set is
-    shared by jobs with and without EAGLE rows."""
+    `cfg.model` as written, and the weights digest leaves the head out (provenance.weights_ids), so
+    a set is shared by jobs with and without EAGLE rows."""
     chosen = [v for k, v in (cfg.get("decoder") or {}).items() if decoders is None or str(k) in decoders]
-    if any("eagle_head" in _requires(node) for node in chosen):
+    if any(drafts_with_head(node) for node in chosen):
         return cfg.model
     model = cfg.model.copy()
     with open_dict(model):
@@ -102,6 +102,11 @@ def model_for(cfg: DictConfig, decoders: Sequence[str] | None) -> DictConfig:
             if key in model:
                 model[key] = off
     return model
+
+
+def drafts_with_head(node: DictConfig) -> bool:
+    """Whether a decoder config drafts with the target's EAGLE head (`requires: [eagle_head]`)."""
+    return "eagle_head" in _requires(node)
 
 
 def _requires(node: DictConfig) -> list[str]:

@@ -35,7 +35,6 @@ from harness.store.binding import check_stored, compared, sample_binding, trust_
 from harness.store.samples import NotWritableError, SampleSet, plan, write_atomic
 
 log = logging.getLogger(__name__)
-HEAD_PREFIX = "eagle_head."  # the target's EAGLE head in its state dict (harness/models/eagle_head.attach_head)
 
 RUN_KEYS = ("experiment", "model", "decoder", "dataset")
 
@@ -198,7 +197,7 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
         bundle = _build(preflight.model_for(cfg, jobs_plan.decoders), drop=("name", "sampling"))
         bundle.name = str(cfg.model.get("name", bundle.name))
         _check_fits(built, bundle, 2 * max(int(cfg.batch_size), int(timing.batch_size or 0)), device)
-        weights, head = _weights_id(bundle), _head_id(bundle)
+        weights, head = provenance.weights_ids(bundle)
         bundle = bundle.to(device)
         engine.apply(bundle, str(cfg.get("engine") or "eager"), device)
         engine.reserve(bundle, built.values(), max(int(cfg.batch_size), int(timing.batch_size or 0)))
@@ -208,8 +207,8 @@ def run(cfg: DictConfig, out_dir: Path) -> pd.DataFrame:
             extra["llm_generation"] = generation
         jobs = []
         for name, decoder in built.items():  # every set bound before anything is generated
-            drafts_with_head = "eagle_head" in (decoders[name].get("requires") or [])
-            sample_sets[name].bind(sample_binding(cfg, name, weights + (head if drafts_with_head else ""), device),
+            own = weights + head if preflight.drafts_with_head(decoders[name]) else weights
+            sample_sets[name].bind(sample_binding(cfg, name, own, device),
                                    overwrite=bool(cfg.get("overwrite_samples", False)),
                                    compared=compared)  # old paths current, options at their defaults left out
             models = guided(bundle, decoder.sampling)  # type: ignore[attr-defined]
@@ -287,24 +286,6 @@ def _write_summary(out_dir: Path, frames: list[pd.DataFrame],
     table = with_comparisons(pd.concat(frames, ignore_index=True), verdicts)
     summary.write_summary(out_dir / summary.SUMMARY_NAME, table)
     return table
-
-
-def _weights_id(bundle: ModelBundle) -> str:
-    """The bundle's declared weights id (e.g. its manifest's digest), else a digest of the
-    parameters of its image models without the target's EAGLE head: no image of a decoder that does
-    not draft with the head depends on it, and a job without EAGLE rows does not load it
-    (preflight.model_for), so the sets such jobs make are shared with jobs that do."""
-    if bundle.weights_id:
-        return bundle.weights_id
-    return "params:" + provenance.weights_digest([bundle.target, bundle.drafter, bundle.small_drafter],
-                                                 skip=(HEAD_PREFIX,))
-
-
-def _head_id(bundle: ModelBundle) -> str:
-    """`;eagle_head:<digest>` of the target's EAGLE head, which binds the SampleSets of the decoders
-    that draft with it (empty without a head)."""
-    head = bundle.eagle_head
-    return "" if head is None else ";eagle_head:" + provenance.weights_digest([head])
 
 
 def shard_timing(timing: Timing, index: int, count: int) -> Timing:

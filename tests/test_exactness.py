@@ -13,7 +13,6 @@ from harness.api import ConfigValueError, SamplingParams
 from harness.checks import build_decoder
 from harness.exactness.__main__ import main
 from harness.exactness.check import Target, decoder, measure
-from harness.exactness.markov import MarkovLaw
 from harness.exactness.stats import judge
 from harness.runtime.sampling import probs
 from tests.conftest import compose_cfg

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from evaluators.official_build import ENVIRONMENTS, RECIPE_DIR, build_command, main
-from harness.api import ConfigValueError
+from harness.api import ConfigValueError, InputError
 from tests.conftest import ROOT
 
 # a fake git: `clone ... DIR` makes DIR a checkout; every call is recorded
@@ -66,7 +66,7 @@ def test_the_shipped_recipe_clones_at_the_pin_and_installs_under_its_constraints
     assert f"built {home}/env" in done.stdout
 
 
-def test_an_unknown_environment_is_refused_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_environment_is_refused_with_the_choices() -> None:
     with pytest.raises(ConfigValueError, match="no environment 'hps'.*geneval.*dpg_bench"):
         build_command("hps")
     assert main(["hps"]) == 2
@@ -76,5 +76,5 @@ def test_without_the_recipe_the_error_says_to_reinstall(monkeypatch: pytest.Monk
     import evaluators.official_build as official_build
 
     monkeypatch.setattr(official_build, "SCRIPT", tmp_path / "build.sh")
-    with pytest.raises(Exception, match="build.sh is missing.*reinstall"):
+    with pytest.raises(InputError, match="build.sh is missing.*reinstall"):
         build_command("geneval")

@@ -75,6 +75,7 @@ def test_recorded_t0_and_region_equal_a_recomputation_from_rejections_and_radius
     some = 0
     for stat in out.stats:
         row = stat.as_row()
+        assert len(int_list(row["rejection_map"])) == len(int_list(row["redraw_map"])) == n  # the whole grid
         rejected = [i for i, v in enumerate(int_list(row["rejection_map"])) if v]
         some += bool(rejected)
         t0, region = _brute_region(rejected, radius, grid)

@@ -230,4 +230,4 @@ def test_tables_refuses_a_grid_without_images(runs: Path, tmp_path: Path, capsys
     with pytest.raises(SystemExit) as exit_:
         tables_main([str(runs), "--out", str(tmp_path / "out"), "--grid-images", count])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and f"--grid-images must be a whole number >= 1" in err and count in err
+    assert exit_.value.code == 2 and "--grid-images must be a whole number >= 1" in err and count in err

@@ -135,8 +135,6 @@ METHOD_LABELS = {
     "mulo_sd": "MuLo-SD",
     "sjd_pac": "SJD-PAC",
     "scd": "SCD",
-    "gsd": "GSD",
-    "lantern_pp": "LANTERN++",
     "sjd_entropy": "SJD + entropy-aware acceptance",
 }
 MODEL_LABELS = {"shapes": "Shapes (embedded)", "shapes_x2": "Shapes x2 (embedded, 32x32)", "random": "Random (smoke)"}

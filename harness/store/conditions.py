@@ -312,7 +312,6 @@ class ConditionCache:
         found = self._contexts.get(id(conditioner))
         if found is not None:
             return found
-        stage = conditioner.stage
         description = context_description(self.model, self.config, conditioner)
         text = json.dumps(description, sort_keys=True, default=str)
         digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()

@@ -21,9 +21,11 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from harness.api import ModelBundle
 from harness.store.samples import write_atomic
 
 log = logging.getLogger(__name__)
+HEAD_PREFIX = "eagle_head."  # the target's EAGLE head in its state dict (harness/models/eagle_head.attach_head)
 
 RUN_JSON_FORMAT = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -216,3 +218,16 @@ def weights_digest(modules: Iterable[Any], skip: tuple[str, ...] = ()) -> str:
             flat = tensor.detach().to("cpu").contiguous().reshape(-1)
             digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
     return digest.hexdigest()
+
+
+def weights_ids(bundle: ModelBundle) -> tuple[str, str]:
+    """What the images of `bundle` depend on: (the weights id every SampleSet is bound to, and the
+    `;eagle_head:<digest>` that the sets of decoders drafting with the target's EAGLE head append;
+    "" without a head). The weights id is the bundle's declared one (e.g. its manifest's digest),
+    else a digest of its image models' parameters without the head: a job without EAGLE rows does
+    not load the head (harness.preflight.model_for), so its sets are shared with jobs that do."""
+    head = "" if bundle.eagle_head is None else ";eagle_head:" + weights_digest([bundle.eagle_head])
+    if bundle.weights_id:
+        return bundle.weights_id, head
+    models = [bundle.target, bundle.drafter, bundle.small_drafter]
+    return "params:" + weights_digest(models, skip=(HEAD_PREFIX,)), head
