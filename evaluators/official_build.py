@@ -63,12 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        argv_ = build_command(args.name, args.home)
+        command = build_command(args.name, args.home)
     except InputError as err:
         log.error("%s", err)
         return 2
     log.info("building %s with %s", args.name, SCRIPT)
-    return subprocess.call(argv_)
+    return subprocess.call(command)
 
 
 if __name__ == "__main__":
